@@ -1,0 +1,41 @@
+"""The pooled asyncio client of Ganeti's RAPI.
+
+``async with RapiClient(url, username=..., password=..., ca_file=...) as rapi:``
+then ``await rapi.create_instances(specs)``. See :class:`RapiClient`.
+"""
+
+from __future__ import annotations
+
+from synnefo_ganeti.jobs import JobStatus
+from synnefo_ganeti.rapi._client import CreateProgress, RapiClient, new_request_id
+from synnefo_ganeti.rapi._models import (
+    CancelResult,
+    ClusterInfo,
+    Instance,
+    InstanceSpec,
+    Job,
+    JobFailure,
+    LogEntry,
+    Node,
+    Timestamp,
+)
+from synnefo_ganeti.rapi._retry import RetryPolicy
+from synnefo_ganeti.rapi._tls import parse_fingerprint
+
+__all__ = [
+    "CancelResult",
+    "ClusterInfo",
+    "CreateProgress",
+    "Instance",
+    "InstanceSpec",
+    "Job",
+    "JobFailure",
+    "JobStatus",
+    "LogEntry",
+    "Node",
+    "RapiClient",
+    "RetryPolicy",
+    "Timestamp",
+    "new_request_id",
+    "parse_fingerprint",
+]

@@ -1,0 +1,481 @@
+"""The typed RAPI client: ``async with RapiClient(...) as rapi:``.
+
+Layers (each knows only the one below): :class:`Transport` (session, TLS, auth,
+slots, error mapping) -> retry rules (:mod:`._retry`) -> typed calls here.
+
+Concurrency: every call may be made from many tasks at once; the transport keeps
+at most ``max_connections`` requests in flight and long-polls to their share.
+``create_instances`` runs ``max_connections`` workers over the specs, so a burst of
+N creates costs N requests and nothing else (no ``/2/features`` before each create,
+unlike Ganeti's own client).
+
+Creates are never sent twice blindly. Each create carries a request id in its
+reason trail (``?reason=synnefo-ganeti:<id>``, stored by Ganeti as
+``["gnt:user", "synnefo-ganeti:<id>", ts]`` in the job's op). When a create's
+outcome is unknown (the connection broke or timed out after sending, or a
+502/504), the client searches the job list for that id before sending again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, TypeVar
+from urllib.parse import quote
+
+from pydantic import BaseModel, SecretStr, ValidationError
+
+from synnefo_ganeti.errors import (
+    ConfigError,
+    CreateOutcomeUnknownError,
+    GanetiError,
+    JobNotFoundError,
+    NotFoundError,
+    RapiError,
+    RapiTimeoutError,
+)
+from synnefo_ganeti.rapi._models import CancelResult, ClusterInfo, Instance, InstanceSpec, Job, Node
+from synnefo_ganeti.rapi._retry import RetryPolicy, is_transient, is_unsent
+from synnefo_ganeti.rapi._tls import build_tls
+from synnefo_ganeti.rapi._transport import LONG_POLL_GRACE, Transport
+
+__all__ = ["CreateProgress", "RapiClient", "new_request_id"]
+
+logger = logging.getLogger("synnefo_ganeti.rapi")
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+REASON_PREFIX = "synnefo-ganeti:"
+
+
+def new_request_id() -> str:
+    """A fresh id for one create request (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, slots=True)
+class CreateProgress:
+    """Passed to ``create_instances``' ``on_progress`` after each create finishes."""
+
+    done: int
+    total: int
+    index: int
+    result: int | GanetiError
+
+
+class RapiClient:
+    """An asyncio client of one Ganeti cluster's RAPI.
+
+    ``url`` is the RAPI's base URL (``https://master:5080``); credentials are given
+    apart (never in the URL). Trust Ganeti's self-signed certificate with
+    ``ca_file`` or ``fingerprint`` (see :mod:`synnefo_ganeti.rapi._tls`).
+
+    ``max_connections`` bounds the requests in flight (ganeti-rapi serves 20);
+    ``long_poll_slots`` bounds how many of them ``wait_for_job`` may hold;
+    ``timeout`` is the per-request limit in seconds; ``retry`` the policy for
+    transient failures.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        username: str,
+        password: str | SecretStr,
+        ca_file: str | os.PathLike[str] | None = None,
+        fingerprint: str | None = None,
+        insecure: bool = False,
+        max_connections: int = 20,
+        timeout: float = 30.0,
+        long_poll_slots: int | None = None,
+        verify_hostname: bool | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        url = url.rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"RAPI URL {url!r} must start with https:// (or http:// for a test server)")
+        if "@" in url.split("//", 1)[1].split("/", 1)[0]:
+            raise ConfigError("RAPI URL must not carry credentials; pass username= and password= instead")
+        if max_connections < 1:
+            raise ConfigError(f"{url}: max_connections must be >= 1, not {max_connections}")
+        if timeout <= 0:
+            raise ConfigError(f"{url}: timeout must be > 0 seconds, not {timeout}")
+        if long_poll_slots is None:
+            long_poll_slots = max(1, max_connections // 4)
+        if not 1 <= long_poll_slots <= max_connections:
+            raise ConfigError(
+                f"{url}: long_poll_slots must be between 1 and max_connections ({max_connections})"
+            )
+        if not username:
+            raise ConfigError(f"{url}: username is empty; ganeti-rapi requires authentication")
+        secret = password.get_secret_value() if isinstance(password, SecretStr) else password
+        tls, tls_mode = build_tls(
+            url, ca_file=ca_file, fingerprint=fingerprint, insecure=insecure, verify_hostname=verify_hostname
+        )
+        self.url = url
+        self.username = username
+        self.max_connections = max_connections
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self._transport = Transport(
+            url,
+            username=username,
+            password=secret,
+            tls=tls,
+            tls_mode=tls_mode,
+            max_connections=max_connections,
+            long_poll_slots=long_poll_slots,
+            timeout=timeout,
+        )
+        self._features: list[str] | None = None
+
+    def __repr__(self) -> str:
+        t = self._transport
+        return (
+            f"<RapiClient {self.url} user={self.username!r} tls={t.tls_mode} "
+            f"{t.in_flight}/{t.max_connections} in flight, {t.waiting} waiting, "
+            f"{t.long_polls}/{t.long_poll_slots} long-polls>"
+        )
+
+    async def __aenter__(self) -> Self:
+        await self._transport.open()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being sent or answered right now."""
+        return self._transport.in_flight
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _retrying(
+        self, call: Callable[[], Awaitable[T]], retryable: Callable[[GanetiError], bool]
+    ) -> T:
+        delays = self.retry.delays()
+        while True:
+            try:
+                return await call()
+            except GanetiError as exc:
+                if not retryable(exc):
+                    raise
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                logger.info("%s: retrying in %.2f s after: %s", self.url, delay, exc)
+                await asyncio.sleep(delay)
+
+    async def _get(self, path: str, query: dict[str, str] | None = None) -> Any:
+        return await self._retrying(lambda: self._transport.request("GET", path, query=query), is_transient)
+
+    async def _write(
+        self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None
+    ) -> Any:
+        payload = {} if body is None else body
+        return await self._retrying(
+            lambda: self._transport.request(method, path, query=query, body=payload), is_unsent
+        )
+
+    async def _write_job(
+        self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None
+    ) -> int:
+        return self._job_id(await self._write(method, path, body, query), f"{method} {path}")
+
+    def _job_id(self, answer: Any, what: str) -> int:
+        try:
+            if isinstance(answer, bool):
+                raise TypeError
+            return int(answer)
+        except (TypeError, ValueError):
+            raise RapiError(
+                f"{self.url}: {what} answered {answer!r}, not a job id; is this a ganeti-rapi?", url=self.url
+            ) from None
+
+    def _parse(self, model: type[M], data: Any, what: str) -> M:
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise RapiError(
+                f"{self.url}: {what} answered data of an unexpected shape ({exc.error_count()} problems, "
+                f"first: {first['loc']} {first['msg']}); report this with the Ganeti version",
+                url=self.url,
+            ) from None
+
+    @staticmethod
+    def _instance_path(name: str, action: str = "") -> str:
+        if not name:
+            raise ConfigError("instance name is empty")
+        path = f"/2/instances/{quote(name, safe='')}"
+        return f"{path}/{action}" if action else path
+
+    # ------------------------------------------------------------------ cluster
+
+    async def version(self) -> int:
+        """The RAPI version (``GET /version``; 2 for every Ganeti since 2.0)."""
+        return int(await self._get("/version"))
+
+    async def info(self) -> ClusterInfo:
+        """Cluster information (``GET /2/info``)."""
+        return self._parse(ClusterInfo, await self._get("/2/info"), "GET /2/info")
+
+    async def features(self) -> list[str]:
+        """The RAPI features (``GET /2/features``), asked once per client."""
+        if self._features is None:
+            answer = await self._get("/2/features")
+            self._features = [str(item) for item in answer]
+        return list(self._features)
+
+    async def list_nodes(self) -> list[Node]:
+        """Every node with its capacity (``GET /2/nodes?bulk=1``)."""
+        answer = await self._get("/2/nodes", {"bulk": "1"})
+        return [self._parse(Node, item, "GET /2/nodes?bulk=1") for item in answer]
+
+    # ------------------------------------------------------------------ instances
+
+    async def list_instances(self) -> list[Instance]:
+        """Every instance with its state (``GET /2/instances?bulk=1``)."""
+        answer = await self._get("/2/instances", {"bulk": "1"})
+        return [self._parse(Instance, item, "GET /2/instances?bulk=1") for item in answer]
+
+    async def get_instance(self, name: str) -> Instance:
+        """One instance (``GET /2/instances/NAME``); :class:`NotFoundError` if Ganeti has none."""
+        path = self._instance_path(name)
+        return self._parse(Instance, await self._get(path), f"GET {path}")
+
+    async def create_instance(
+        self, spec: InstanceSpec, *, dry_run: bool = False, request_id: str | None = None
+    ) -> int:
+        """Submit one create (``POST /2/instances``) and return its job id at once.
+
+        The job's outcome comes later: ``wait_for_job``, or the queue watcher.
+        ``request_id`` (default: a new one) lets a caller that retries after a
+        crash find the job of its earlier attempt; see the module docstring.
+        """
+        rid = request_id or new_request_id()
+        query = {"reason": f"{REASON_PREFIX}{rid}"}
+        if dry_run:
+            query["dry-run"] = "1"
+        body = spec.to_rapi_body()
+        delays = self.retry.delays()
+        while True:
+            try:
+                answer = await self._transport.request("POST", "/2/instances", query=query, body=body)
+                return self._job_id(answer, "POST /2/instances")
+            except GanetiError as exc:
+                if is_unsent(exc):
+                    pass  # never reached Ganeti: sending again is safe
+                elif is_transient(exc):
+                    found = await self._find_create(rid, spec.name, dry_run=dry_run, cause=exc)
+                    if found is not None:
+                        logger.info("%s: create %s was submitted after all, as job %d", self.url, rid, found)
+                        return found
+                else:
+                    raise
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                logger.info("%s: retrying create of %s in %.2f s after: %s", self.url, spec.name, delay, exc)
+                await asyncio.sleep(delay)
+
+    async def _find_create(
+        self, request_id: str, name: str, *, dry_run: bool, cause: GanetiError
+    ) -> int | None:
+        """After an unknown outcome: the job carrying ``request_id``, or None if Ganeti got nothing."""
+        wanted = f"{REASON_PREFIX}{request_id}"
+        try:
+            jobs = await self.list_jobs()
+            for job in jobs:
+                if wanted in job.request_ids:
+                    return job.id
+            if dry_run:
+                return None
+            try:
+                await self.get_instance(name)
+            except NotFoundError:
+                return None
+        except GanetiError as exc:
+            raise CreateOutcomeUnknownError(
+                f"{self.url}: the create of {name} (request {request_id}) may or may not have been submitted "
+                f"({cause}), and looking it up failed too ({exc}); look for a job whose reason is "
+                f"'{wanted}' before creating it again",
+                url=self.url,
+                request_id=request_id,
+            ) from exc
+        raise CreateOutcomeUnknownError(
+            f"{self.url}: the create of {name} (request {request_id}) got no answer ({cause}); no queued job "
+            f"carries its request id, but instance {name} exists: it may be ours (job already archived) or "
+            "another creator's; check with 'gnt-instance info' before creating it again",
+            url=self.url,
+            request_id=request_id,
+        )
+
+    async def create_instances(
+        self,
+        specs: Iterable[InstanceSpec],
+        *,
+        dry_run: bool = False,
+        on_progress: Callable[[CreateProgress], object] | None = None,
+    ) -> list[int | GanetiError]:
+        """Submit many creates concurrently, up to ``max_connections`` at a time.
+
+        Returns one entry per spec, in input order: the job id, or the
+        :class:`GanetiError` that create met. One failure does not stop the others.
+        ``on_progress`` is called after each create with a :class:`CreateProgress`.
+        """
+        items = list(specs)
+        total = len(items)
+        results: list[int | GanetiError | None] = [None] * total
+        queue = iter(enumerate(items))
+        done = 0
+
+        async def worker() -> None:
+            nonlocal done
+            for index, spec in queue:
+                result: int | GanetiError
+                try:
+                    result = await self.create_instance(spec, dry_run=dry_run)
+                except GanetiError as exc:
+                    result = exc
+                results[index] = result
+                done += 1
+                if on_progress is not None:
+                    on_progress(CreateProgress(done=done, total=total, index=index, result=result))
+
+        async with asyncio.TaskGroup() as group:
+            for number in range(min(total, self.max_connections)):
+                group.create_task(worker(), name=f"create-worker-{number}")
+        return [result for result in results if result is not None]
+
+    async def delete_instance(self, name: str) -> int:
+        """Remove an instance (``DELETE /2/instances/NAME``); returns the job id."""
+        path = self._instance_path(name)
+        return self._job_id(
+            await self._retrying(lambda: self._transport.request("DELETE", path), is_unsent), f"DELETE {path}"
+        )
+
+    async def startup_instance(self, name: str) -> int:
+        """Start an instance (``PUT /2/instances/NAME/startup``); returns the job id."""
+        return await self._write_job("PUT", self._instance_path(name, "startup"))
+
+    async def shutdown_instance(self, name: str) -> int:
+        """Stop an instance (``PUT /2/instances/NAME/shutdown``); returns the job id."""
+        return await self._write_job("PUT", self._instance_path(name, "shutdown"))
+
+    async def reboot_instance(self, name: str, *, reboot_type: str = "soft") -> int:
+        """Reboot an instance (``POST /2/instances/NAME/reboot``); returns the job id."""
+        if reboot_type not in ("soft", "hard", "full"):
+            raise ConfigError(f"reboot_type must be soft, hard or full, not {reboot_type!r}")
+        return await self._write_job("POST", self._instance_path(name, "reboot"), query={"type": reboot_type})
+
+    async def modify_instance(self, name: str, **params: Any) -> int:
+        """Change an instance's parameters (``PUT /2/instances/NAME/modify``); returns the job id.
+
+        ``params`` are Ganeti's (``beparams={"memory": 256}``, ``hvparams=...``, ``nics=...``).
+        """
+        if not params:
+            raise ConfigError(f"modify_instance({name!r}) needs at least one parameter to change")
+        return await self._write_job("PUT", self._instance_path(name, "modify"), body=params)
+
+    # ------------------------------------------------------------------ jobs
+
+    async def list_jobs(self) -> list[Job]:
+        """Every unarchived job (``GET /2/jobs?bulk=1``; archived ones only by id)."""
+        answer = await self._get("/2/jobs", {"bulk": "1"})
+        return [self._parse(Job, item, "GET /2/jobs?bulk=1") for item in answer]
+
+    async def get_job(self, job_id: int) -> Job:
+        """One job, also from the archive (``GET /2/jobs/ID``); :class:`JobNotFoundError` if unknown."""
+        path = f"/2/jobs/{int(job_id)}"
+        try:
+            answer = await self._get(path)
+        except NotFoundError:
+            answer = None
+        # Ganeti 3.0 answers an unknown job with 200 and every field null.
+        if not isinstance(answer, dict) or answer.get("status") is None or answer.get("ops") is None:
+            raise self._unknown_job(job_id)
+        return self._parse(Job, answer, f"GET {path}")
+
+    def _unknown_job(self, job_id: int) -> JobNotFoundError:
+        return JobNotFoundError(
+            f"{self.url}: job {job_id} is unknown to Ganeti (neither queued nor archived); check the id",
+            url=self.url,
+            job_id=int(job_id),
+        )
+
+    async def wait_for_job(self, job_id: int, *, timeout: float | None = None) -> Job:
+        """Wait until the job ends and return it, whatever its final status.
+
+        Long-polls ``GET /2/jobs/ID/wait`` with the previous status and log serial,
+        as Ganeti intends: each call returns as soon as the job changes (or after
+        ~10 s unchanged). Raises only :class:`RapiTimeoutError` when ``timeout``
+        seconds pass, a transport or authentication error, or
+        :class:`JobNotFoundError`.
+        """
+        job_id = int(job_id)
+        path = f"/2/jobs/{job_id}/wait"
+        per_request = max(self.timeout, LONG_POLL_GRACE + 10.0)
+        previous_info: list[Any] | None = None
+        previous_serial: int | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    body = {
+                        "fields": ["status"],
+                        "previous_job_info": previous_info,
+                        "previous_log_serial": previous_serial,
+                    }
+                    try:
+                        answer = await self._retrying(
+                            lambda body=body: self._transport.request(  # type: ignore[misc]
+                                "GET", path, body=body, timeout=per_request, long_poll=True
+                            ),
+                            is_transient,
+                        )
+                    except RapiError as exc:
+                        if exc.status == 500 and "load job" in (exc.ganeti_message or ""):
+                            raise self._unknown_job(job_id) from None
+                        if exc.status == 404:
+                            raise self._unknown_job(job_id) from None
+                        raise
+                    if answer is None:  # older Ganetis: "nothing changed"
+                        continue
+                    info = answer.get("job_info") if isinstance(answer, dict) else None
+                    if not info or info[0] is None:
+                        raise self._unknown_job(job_id)
+                    for entry in answer.get("log_entries") or []:
+                        previous_serial = max(previous_serial or 0, int(entry[0]))
+                    previous_info = list(info)
+                    if str(info[0]) in ("canceled", "success", "error"):
+                        return await self.get_job(job_id)
+        except TimeoutError as exc:
+            if isinstance(exc, RapiTimeoutError):
+                raise
+            raise RapiTimeoutError(
+                f"{self.url}: job {job_id} did not end within {timeout:g} s; it is still in Ganeti's queue "
+                "(wait again, or cancel it)",
+                url=self.url,
+            ) from None
+
+    async def cancel_job(self, job_id: int) -> CancelResult:
+        """Cancel a job (``DELETE /2/jobs/ID``); Ganeti cancels only jobs not yet running."""
+        path = f"/2/jobs/{int(job_id)}"
+        answer = await self._retrying(lambda: self._transport.request("DELETE", path), is_unsent)
+        if isinstance(answer, list) and len(answer) == 2:
+            return CancelResult(bool(answer[0]), str(answer[1]))
+        raise RapiError(
+            f"{self.url}: DELETE {path} answered {answer!r}, not [success, message]", url=self.url
+        )
