@@ -138,12 +138,12 @@ class Transport:
                 url=self.url,
             )
         if long_poll:
-            self.long_polls += 1
-            try:
-                async with self._poll_slots:
+            async with self._poll_slots:
+                self.long_polls += 1
+                try:
                     return await self._send(method, path, query, body, timeout)
-            finally:
-                self.long_polls -= 1
+                finally:
+                    self.long_polls -= 1
         return await self._send(method, path, query, body, timeout)
 
     async def _send(

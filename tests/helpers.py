@@ -1,0 +1,167 @@
+"""Test helpers: a scriptable in-process RAPI stub and self-signed certificates."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import orjson
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RAPI_FIXTURES = FIXTURES / "ganeti-3.0-rapi"
+QUEUE_FIXTURES = FIXTURES / "ganeti-3.0-queue"
+
+USER = "ci"
+PASSWORD = "s3cret-Pa55word"
+
+
+def rapi_fixture(name: str) -> Any:
+    """A recorded RAPI answer (``.json`` body, or ``.txt`` body + status line)."""
+    text = (RAPI_FIXTURES / name).read_text()
+    if name.endswith(".txt"):
+        body, _, _status = text.rstrip("\n").rpartition("\n")
+        return orjson.loads(body)
+    return orjson.loads(text)
+
+
+@dataclass
+class Certificate:
+    cert: Path
+    key: Path
+    sha256: str  # "AB:CD:..."
+
+
+def make_certificate(directory: Path, common_name: str = "ganeti.example.com") -> Certificate:
+    """A self-signed certificate without extensions, like the one Ganeti generates."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .sign(key, hashes.SHA256())
+    )
+    cert_path = directory / f"{common_name}.pem"
+    key_path = directory / f"{common_name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    digest = cert.fingerprint(hashes.SHA256()).hex(":").upper()
+    return Certificate(cert_path, key_path, digest)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class StubRapi:
+    """An aiohttp server answering like ganeti-rapi, routes scripted by the test.
+
+    Checks basic auth like Ganeti (401 body as Ganeti's), records every request,
+    and tracks the highest number of requests in progress at once.
+    """
+
+    certificate: Certificate | None = None
+    routes: dict[tuple[str, str], Handler] = field(default_factory=dict)
+    seen: list[Seen] = field(default_factory=list)
+    active: int = 0
+    peak: int = 0
+    url: str = ""
+    _runner: web.AppRunner | None = None
+
+    def route(self, method: str, path: str, handler: Handler | Any) -> None:
+        if not callable(handler):
+            value = handler
+
+            async def fixed(_request: web.Request) -> web.StreamResponse:
+                return json_response(value)
+
+            handler = fixed
+        self.routes[(method, path)] = handler
+
+    async def __aenter__(self) -> StubRapi:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=0.2)
+        await self._runner.setup()
+        context: ssl.SSLContext | None = None
+        if self.certificate is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(self.certificate.cert, self.certificate.key)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=context)
+        await site.start()
+        server = site._server
+        assert server is not None
+        port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"{'https' if context else 'http'}://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.seen.append(Seen(request.method, request.path, dict(request.query), dict(request.headers), body))
+        import base64
+
+        expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+        if request.headers.get("Authorization") != expected:
+            return json_response(
+                {"code": 401, "message": "Unauthorized", "explain": "No permission -- see authorization schemes"},
+                status=401,
+            )
+        handler = self.routes.get((request.method, request.path))
+        if handler is None:
+            return json_response(
+                {"code": 404, "message": "Not Found", "explain": "Nothing matches the given URI"}, status=404
+            )
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            return await handler(request)
+        finally:
+            self.active -= 1
+
+
+def json_response(value: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
+
+
+def ganeti_error(status: int, message: str, explain: str = "") -> web.Response:
+    return json_response({"code": status, "message": message, "explain": explain}, status=status)
+
+
+async def never_answer(_request: web.Request) -> web.StreamResponse:
+    await asyncio.sleep(3600)
+    raise AssertionError("unreachable")
