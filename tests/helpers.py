@@ -138,7 +138,11 @@ class StubRapi:
         expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
         if request.headers.get("Authorization") != expected:
             return json_response(
-                {"code": 401, "message": "Unauthorized", "explain": "No permission -- see authorization schemes"},
+                {
+                    "code": 401,
+                    "message": "Unauthorized",
+                    "explain": "No permission -- see authorization schemes",
+                },
                 status=401,
             )
         handler = self.routes.get((request.method, request.path))

@@ -78,7 +78,8 @@ class Transport:
         self.max_connections = max_connections
         self.long_poll_slots = long_poll_slots
         self.timeout = timeout
-        self._base = URL(url)
+        self._base = url.rstrip("/")
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._tls = tls
         token = base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
         self._auth_header = f"Basic {token}"
@@ -150,7 +151,7 @@ class Transport:
         self, method: str, path: str, query: dict[str, str] | None, body: Any, timeout: float | None
     ) -> Any:
         assert self._session is not None
-        url = self._base.join(URL(path, encoded=True))
+        url = URL(self._base + path, encoded=True)
         if query:
             url = url.with_query(query)
         headers = {"Authorization": self._auth_header}
@@ -171,10 +172,11 @@ class Transport:
         self.requests_sent += 1
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(limit):
-                async with self._session.request(method, url, data=data, headers=headers) as response:
-                    payload = await response.read()
-                    status = response.status
+            async with self._session.request(
+                method, url, data=data, headers=headers, timeout=self._client_timeout(limit)
+            ) as response:
+                payload = await response.read()
+                status = response.status
         except GanetiError:
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -195,6 +197,14 @@ class Transport:
                 url=self.url,
                 status=status,
             ) from None
+
+    def _client_timeout(self, limit: float) -> aiohttp.ClientTimeout:
+        timeout = self._timeouts.get(limit)
+        if timeout is None:
+            # ``total`` bounds everything, the body's read included; the connect
+            # phase gets its own error so that "never sent" stays knowable.
+            timeout = self._timeouts[limit] = aiohttp.ClientTimeout(total=limit, connect=limit)
+        return timeout
 
     def _http_error(self, status: int, payload: bytes, method: str, path: str) -> RapiError:
         ganeti_message: str | None = None

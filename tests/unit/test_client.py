@@ -187,7 +187,7 @@ async def test_wait_for_job_timeout() -> None:
     async with StubRapi() as stub:
         stub.route("GET", "/2/jobs/7/wait", slow)
         async with client(stub.url) as rapi:
-            with pytest.raises(RapiTimeoutError, match="job 7 did not end within 0.3 s"):
+            with pytest.raises(RapiTimeoutError, match=r"job 7 did not end within 0\.3 s"):
                 await rapi.wait_for_job(7, timeout=0.3)
             assert rapi.in_flight == 0
 
@@ -206,7 +206,9 @@ async def test_create_with_lost_answer_finds_its_job_instead_of_resubmitting() -
 
         async def jobs(request: web.Request) -> web.StreamResponse:
             reason = stub.seen[0].query["reason"]
-            return json_response([job_answer(5, "queued", reason="someone else"), job_answer(6, "queued", reason=reason)])
+            return json_response(
+                [job_answer(5, "queued", reason="someone else"), job_answer(6, "queued", reason=reason)]
+            )
 
         stub.route("GET", "/2/jobs", jobs)
         async with client(stub.url) as rapi:

@@ -20,7 +20,9 @@ def test_values_are_ganetis_strings() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", sorted(p for p in QUEUE_FIXTURES.rglob("*.json")), ids=lambda p: p.relative_to(QUEUE_FIXTURES).as_posix()
+    "path",
+    sorted(p for p in QUEUE_FIXTURES.rglob("*.json")),
+    ids=lambda p: p.relative_to(QUEUE_FIXTURES).as_posix(),
 )
 def test_matches_status_in_recorded_file_names(path) -> None:
     ops = json.loads(path.read_text())["ops"]
@@ -65,4 +67,9 @@ def test_first_deciding_op_wins(ops) -> None:
     if deciding:
         assert calc_job_status(ops) is deciding[0]
     else:
-        assert calc_job_status(ops) in (JobStatus.QUEUED, JobStatus.WAITING, JobStatus.RUNNING, JobStatus.SUCCESS)
+        assert calc_job_status(ops) in (
+            JobStatus.QUEUED,
+            JobStatus.WAITING,
+            JobStatus.RUNNING,
+            JobStatus.SUCCESS,
+        )

@@ -46,10 +46,9 @@ async def test_wrong_ca_file_is_refused(certs) -> None:
 
 async def test_system_store_refuses_self_signed(certs) -> None:
     ours, _ = certs
-    async with StubRapi(certificate=ours) as stub:
-        async with client(stub.url) as rapi:
-            with pytest.raises(TLSError, match="self-signed certificate"):
-                await rapi.version()
+    async with StubRapi(certificate=ours) as stub, client(stub.url) as rapi:
+        with pytest.raises(TLSError, match="self-signed certificate"):
+            await rapi.version()
     assert not stub.seen
 
 

@@ -91,7 +91,7 @@ async def test_real_400_and_401_bodies() -> None:
         async with client(stub.url) as rapi:
             from synnefo_ganeti import InstanceSpec
 
-            with pytest.raises(BadRequestError, match="OP_INSTANCE_CREATE.instance_name' fails validation"):
+            with pytest.raises(BadRequestError, match=r"OP_INSTANCE_CREATE\.instance_name' fails validation"):
                 await rapi.create_instance(InstanceSpec(name="a", disk_template="diskless", os="noop"))
 
 

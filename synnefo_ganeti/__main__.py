@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from synnefo_ganeti.cli import main
+
+main()
