@@ -30,8 +30,12 @@ from synnefo_ganeti.rapi import CreateProgress, InstanceSpec, Job, RapiClient
 
 T = TypeVar("T")
 
-stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
+
+
+def _stdout() -> Console:
+    """A console on the current stdout; wide when it is no terminal, so piped tables do not wrap."""
+    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 
 def _configure_logging(level: str) -> None:
@@ -201,7 +205,7 @@ def info(ctx: click.Context, as_json: bool) -> None:
         table.add_row(key, str(getattr(result, key)))
     table.add_row("enabled_hypervisors", ", ".join(result.enabled_hypervisors))
     table.add_row("enabled_disk_templates", ", ".join(result.enabled_disk_templates))
-    stdout.print(table)
+    _stdout().print(table)
 
 
 @rapi.command()
@@ -219,7 +223,7 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
         table.add_row(
             n.name, state, f"{n.mfree}/{n.mtotal}", f"{n.dfree}/{n.dtotal}", str(n.ctotal), str(n.pinst_cnt)
         )
-    stdout.print(table)
+    _stdout().print(table)
 
 
 @rapi.command()
@@ -237,7 +241,7 @@ def instances(ctx: click.Context, as_json: bool) -> None:
             i.name, str(i.status), str(i.admin_state), str(i.oper_state), str(i.pnode), str(i.disk_template),
             str(i.beparams.get("maxmem", "")),
         )  # fmt: skip
-    stdout.print(table)
+    _stdout().print(table)
 
 
 def _job_row(job: Job) -> tuple[str, ...]:
@@ -264,7 +268,7 @@ def jobs(ctx: click.Context, as_json: bool) -> None:
     table = Table("job", "status", "summary", "failure")
     for job in sorted(result, key=lambda j: j.id):
         table.add_row(*_job_row(job))
-    stdout.print(table)
+    _stdout().print(table)
 
 
 @rapi.command()
@@ -286,9 +290,9 @@ def job(ctx: click.Context, job_id: int, wait: bool, wait_timeout: float | None,
     else:
         table = Table("job", "status", "summary", "failure")
         table.add_row(*_job_row(result))
-        stdout.print(table)
+        _stdout().print(table)
         for entry in result.log:
-            stdout.print(f"  {entry.serial:>3} {entry.message}", highlight=False)
+            _stdout().print(f"  {entry.serial:>3} {entry.message}", highlight=False)
     if result.failure is not None:
         raise SystemExit(1)
 
@@ -389,7 +393,7 @@ def create(
         for row in rows:
             status = (row.get("status", ""),) if wait else ()
             table.add_row(row["name"], str(row.get("job_id", "")), *status, row.get("error", ""))
-        stdout.print(table)
+        _stdout().print(table)
     if any("error" in row for row in rows):
         raise SystemExit(1)
 
@@ -404,6 +408,6 @@ def cancel(ctx: click.Context, job_id: int, as_json: bool) -> None:
     if as_json:
         _print_json({"job_id": job_id, "success": result.success, "message": result.message})
     else:
-        stdout.print(result.message, highlight=False)
+        _stdout().print(result.message, highlight=False)
     if not result.success:
         raise SystemExit(1)
