@@ -69,7 +69,9 @@ async def test_submit_benchmark_runs(testbed) -> None:
         "SYNNEFO_GANETI_TEST_RAPI_CA": testbed.ca_file,
         "SYNNEFO_GANETI_TEST_NODE": testbed.node,
     }
-    code, out, err = await run(sys.executable, "benchmarks/submit_real.py", "--n", "5", "--rounds", "1", env=env)
+    code, out, err = await run(
+        sys.executable, "benchmarks/submit_real.py", "--n", "5", "--rounds", "1", env=env
+    )
     assert code == 0, err
     figures = json.loads(out)
     assert set(figures) == {"n", "rounds", "ours_per_s", "sequential_per_s", "bare_per_s", "ratio_to_bare"}

@@ -117,7 +117,17 @@ async def test_errors_are_one_clear_line(password_file) -> None:
 def test_password_file_readable_by_others_is_refused(password_file) -> None:
     password_file.chmod(0o644)
     result = CliRunner().invoke(
-        main, ["rapi", "--url", "https://x:5080", "--username", USER, "--password-file", str(password_file), "info"]
+        main,
+        [
+            "rapi",
+            "--url",
+            "https://x:5080",
+            "--username",
+            USER,
+            "--password-file",
+            str(password_file),
+            "info",
+        ],
     )
     assert result.exit_code == 2
     assert "readable by others" in result.output and "chmod 600" in result.output
