@@ -1,0 +1,27 @@
+"""The fake Ganeti: a faithful RAPI and job queue for tests, demos and benchmarks.
+
+``async with FakeGaneti() as fake:`` gives ``fake.url``, ``fake.username``,
+``fake.password`` and ``fake.ca_file``, ready for :class:`~synnefo_ganeti.RapiClient`.
+Never imported by the runtime code.
+"""
+
+from __future__ import annotations
+
+from synnefo_ganeti.testing._cluster import FakeInstance, FakeNode
+from synnefo_ganeti.testing._engine import DEFAULT_OP_TIMES, FakeCluster, FakeJob
+from synnefo_ganeti.testing._fake import FakeGaneti
+from synnefo_ganeti.testing._server import FAULT_KINDS, Fault
+from synnefo_ganeti.testing._structure import shape_of, structure_diff
+
+__all__ = [
+    "DEFAULT_OP_TIMES",
+    "FAULT_KINDS",
+    "FakeCluster",
+    "FakeGaneti",
+    "FakeInstance",
+    "FakeJob",
+    "FakeNode",
+    "Fault",
+    "shape_of",
+    "structure_diff",
+]

@@ -1,0 +1,215 @@
+"""The fake cluster's state: nodes, instances, and the checks Ganeti makes on them.
+
+Pure data and decisions; the job engine calls these from its ops. Failures are
+raised as :class:`OpFailure` carrying exactly the result Ganeti 3.0 writes into the
+failed op (``[ErrorType, [message, ecode]]``), with the messages Ganeti uses.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FakeInstance", "FakeNode", "OpFailure", "parse_size"]
+
+_MAC_COUNTER = itertools.count(0x100000)
+
+
+class OpFailure(Exception):
+    """An op fails with Ganeti's result ``[kind, [message, ecode]]`` (or ``[kind, [message]]``)."""
+
+    def __init__(self, kind: str, message: str, ecode: str | None = None, *, prereq: bool = True) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.ecode = ecode
+        self.prereq = prereq  # failed before the op started executing (no exec_timestamp)
+
+    @property
+    def result(self) -> list[Any]:
+        args: list[Any] = [self.message] if self.ecode is None else [self.message, self.ecode]
+        return [self.kind, args]
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([mMgGtT]?)\s*$")
+
+
+def parse_size(key: str, value: Any) -> int:
+    """A Ganeti size (MiB): an int, or a string like ``512``, ``512M``, ``2G``; else TypeEnforcementError."""
+    if isinstance(value, bool):
+        raise OpFailure(
+            "TypeEnforcementError",
+            f"'{key}' (value {value}) is not a valid size. error: Invalid format",
+            prereq=False,
+        )
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise OpFailure(
+            "TypeEnforcementError",
+            f"'{key}' (value {value}) is not a valid size. error: Invalid format",
+            prereq=False,
+        )
+    number, unit = float(match.group(1)), match.group(2).lower()
+    return int(number * {"": 1, "m": 1, "g": 1024, "t": 1024 * 1024}[unit])
+
+
+@dataclass
+class FakeNode:
+    """A node: capacity in MiB and CPUs; ``mfree``/``dfree`` follow its instances."""
+
+    name: str
+    mtotal: int = 32768
+    mnode: int = 1024
+    dtotal: int = 512 * 1024
+    ctotal: int = 8
+    offline: bool = False
+    drained: bool = False
+    vm_capable: bool = True
+    master: bool = False
+    uuid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    ip: str = "198.51.100.10"
+    tags: list[str] = field(default_factory=list)
+    ctime: float = field(default_factory=time.time)
+    serial_no: int = 1
+
+
+@dataclass
+class FakeInstance:
+    """An instance as the fake cluster keeps it."""
+
+    name: str
+    pnode: str
+    os: str
+    disk_template: str
+    hypervisor: str
+    beparams: dict[str, Any]
+    custom_beparams: dict[str, Any]
+    nics: list[dict[str, Any]]
+    disks: list[dict[str, Any]]
+    tags: list[str]
+    admin_state: str = "up"
+    oper_state: bool = True
+    hvparams: dict[str, Any] = field(default_factory=dict)
+    uuid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    ctime: float = field(default_factory=time.time)
+    mtime: float = field(default_factory=time.time)
+    serial_no: int = 1
+
+    @property
+    def memory(self) -> int:
+        return int(self.beparams.get("maxmem", 0))
+
+    @property
+    def disk_usage(self) -> int:
+        return 0 if self.disk_template == "diskless" else sum(int(d["size"]) for d in self.disks)
+
+    def touch(self) -> None:
+        self.mtime = time.time()
+        self.serial_no += 1
+
+
+def new_mac(prefix: str = "aa:00:00") -> str:
+    value = next(_MAC_COUNTER)
+    return f"{prefix}:{value >> 16 & 0xFF:02x}:{value >> 8 & 0xFF:02x}:{value & 0xFF:02x}"
+
+
+def instance_view(inst: FakeInstance, link: str) -> dict[str, Any]:
+    """``GET /2/instances/NAME`` (and each item of ``?bulk=1``), keys as Ganeti 3.0 gives them."""
+    running = inst.oper_state
+    if inst.admin_state == "up":
+        status = "running" if running else "ERROR_down"
+    else:
+        status = "ERROR_up" if running else "ADMIN_down"
+    return {
+        "name": inst.name,
+        "admin_state": inst.admin_state,
+        "os": inst.os,
+        "pnode": inst.pnode,
+        "snodes": [],
+        "disk_template": inst.disk_template,
+        "nic.ips": [nic.get("ip") for nic in inst.nics],
+        "nic.macs": [nic["mac"] for nic in inst.nics],
+        "nic.modes": [nic.get("mode", "bridged") for nic in inst.nics],
+        "nic.uuids": [nic["uuid"] for nic in inst.nics],
+        "nic.names": [nic.get("name") for nic in inst.nics],
+        "nic.links": [nic.get("link", link) for nic in inst.nics],
+        "nic.networks": [nic.get("network") for nic in inst.nics],
+        "nic.networks.names": [nic.get("network") for nic in inst.nics],
+        "nic.bridges": [nic.get("link", link) for nic in inst.nics],
+        "network_port": None,
+        "disk.sizes": [int(d["size"]) for d in inst.disks],
+        "disk.spindles": [None for _ in inst.disks],
+        "disk_usage": inst.disk_usage,
+        "disk.uuids": [d["uuid"] for d in inst.disks],
+        "disk.names": [d.get("name") for d in inst.disks],
+        "beparams": dict(inst.beparams),
+        "hvparams": dict(inst.hvparams),
+        "oper_state": running,
+        "oper_ram": inst.memory if running else None,
+        "oper_vcpus": inst.beparams.get("vcpus") if running else None,
+        "status": status,
+        "custom_hvparams": dict(inst.hvparams),
+        "custom_beparams": dict(inst.custom_beparams),
+        "custom_nicparams": [{} for _ in inst.nics],
+        "ctime": inst.ctime,
+        "mtime": inst.mtime,
+        "uuid": inst.uuid,
+        "serial_no": inst.serial_no,
+        "tags": list(inst.tags),
+    }
+
+
+def node_view(node: FakeNode, instances: list[FakeInstance], group_uuid: str) -> dict[str, Any]:
+    """``GET /2/nodes?bulk=1`` items; capacity is ``null`` for an offline node, as Ganeti reports it."""
+    mine = [inst for inst in instances if inst.pnode == node.name]
+    used_memory = sum(inst.memory for inst in mine if inst.oper_state)
+    used_disk = sum(inst.disk_usage for inst in mine)
+    live = not node.offline
+    return {
+        "name": node.name,
+        "offline": node.offline,
+        "master_candidate": node.master or not node.offline,
+        "drained": node.drained,
+        "dtotal": node.dtotal if live else None,
+        "dfree": node.dtotal - used_disk if live else None,
+        "sptotal": None,
+        "spfree": None,
+        "mtotal": node.mtotal if live else None,
+        "mnode": node.mnode if live else None,
+        "mfree": node.mtotal - node.mnode - used_memory if live else None,
+        "pinst_cnt": len(mine),
+        "sinst_cnt": 0,
+        "ctotal": node.ctotal if live else None,
+        "cnos": node.ctotal if live else None,
+        "cnodes": 1 if live else None,
+        "csockets": 1 if live else None,
+        "pip": node.ip,
+        "sip": node.ip,
+        "role": "M" if node.master else ("O" if node.offline else ("D" if node.drained else "C")),
+        "pinst_list": sorted(inst.name for inst in mine),
+        "sinst_list": [],
+        "master_capable": True,
+        "vm_capable": node.vm_capable,
+        "ndparams": {
+            "oob_program": "",
+            "spindle_count": 1,
+            "exclusive_storage": False,
+            "ovs": False,
+            "ovs_name": "switch1",
+            "ovs_link": "",
+            "ssh_port": 22,
+            "cpu_speed": 1,
+        },
+        "group.uuid": group_uuid,
+        "ctime": node.ctime,
+        "mtime": node.ctime,
+        "uuid": node.uuid,
+        "serial_no": node.serial_no,
+        "tags": list(node.tags),
+    }

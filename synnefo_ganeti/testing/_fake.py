@@ -1,0 +1,212 @@
+"""``FakeGaneti``: a Ganeti cluster in a few milliseconds, for tests, demos and benchmarks.
+
+``async with FakeGaneti() as fake:`` starts an aiohttp server answering Ganeti 3.0's
+RAPI (HTTPS with a generated self-signed certificate, or plain HTTP), backed by an
+in-memory cluster whose job engine writes a queue directory as Ganeti does. Its
+knobs (latency, ``max_clients``, op run times, faults) can be changed while it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import ssl
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from aiohttp import web
+
+from synnefo_ganeti.testing._engine import FakeCluster
+from synnefo_ganeti.testing._queue import QueueDir
+from synnefo_ganeti.testing._server import FAULT_KINDS, Fault, RapiApp
+from synnefo_ganeti.testing._tls import write_certificate
+
+__all__ = ["FakeGaneti"]
+
+
+class FakeGaneti:
+    """A fake Ganeti cluster with a real RAPI server and a real queue directory.
+
+    Keyword arguments, all optional:
+
+    * ``nodes``: how many nodes (``node1.fake.test``...), each with ``node_memory``
+      MiB, ``node_disk`` MiB and ``node_cpus`` CPUs;
+    * ``queue_dir``: where to write job files (default: a temporary directory,
+      removed on exit); ``fsync`` to fsync each version as Ganeti does;
+    * ``latency``: seconds added to every answer, or a callable drawing them;
+    * ``max_clients``: requests served at once (ganeti-rapi's 20); more wait;
+    * ``tls``: HTTPS with a generated certificate (``ca_file``), else plain HTTP;
+    * ``host``/``port``: where to listen (default 127.0.0.1 and a free port);
+    * ``username``/``password``: RAPI credentials (default ``fake`` and a random one);
+    * ``max_running_jobs``, ``op_times`` (seconds per ``OP_ID``, and ``"dry_run"``),
+      ``archive_after`` (seconds after a job ends, default never), ``wait_timeout``
+      (a ``/wait`` long-poll answers unchanged after this, Ganeti's 10 s);
+    * ``oses``, ``disk_templates``, ``cluster_name``.
+    """
+
+    def __init__(
+        self,
+        *,
+        nodes: int = 3,
+        queue_dir: str | os.PathLike[str] | None = None,
+        latency: float | Callable[[], float] = 0.0,
+        max_clients: int = 20,
+        tls: bool = True,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        username: str = "fake",
+        password: str | None = None,
+        max_running_jobs: int = 20,
+        op_times: dict[str, float] | None = None,
+        archive_after: float | None = None,
+        wait_timeout: float = 10.0,
+        fsync: bool = False,
+        node_memory: int = 32768,
+        node_disk: int = 512 * 1024,
+        node_cpus: int = 8,
+        oses: tuple[str, ...] = ("noop",),
+        disk_templates: tuple[str, ...] = ("diskless", "file"),
+        cluster_name: str = "cluster.fake.test",
+    ) -> None:
+        if nodes < 1:
+            raise ValueError(f"nodes must be >= 1, not {nodes}")
+        if max_clients < 1:
+            raise ValueError(f"max_clients must be >= 1, not {max_clients}")
+        if max_running_jobs < 1:
+            raise ValueError(f"max_running_jobs must be >= 1, not {max_running_jobs}")
+        if not callable(latency) and latency < 0:
+            raise ValueError(f"latency must be >= 0 seconds, not {latency}")
+        for key, seconds in (op_times or {}).items():
+            if seconds < 0:
+                raise ValueError(f"op_times[{key!r}] must be >= 0 seconds, not {seconds}")
+        self.host = host
+        self.port = port
+        self.tls = tls
+        self.username = username
+        self.password = password or secrets.token_urlsafe(12)
+        self.fsync = fsync
+        self._queue_arg = Path(queue_dir) if queue_dir is not None else None
+        self._cluster_kwargs: dict[str, Any] = {
+            "name": cluster_name, "nodes": nodes, "node_memory": node_memory, "node_disk": node_disk,
+            "node_cpus": node_cpus, "oses": oses, "disk_templates": disk_templates,
+            "max_running_jobs": max_running_jobs, "op_times": op_times, "archive_after": archive_after,
+        }  # fmt: skip
+        self._app_kwargs: dict[str, Any] = {
+            "max_clients": max_clients,
+            "latency": latency,
+            "wait_timeout": wait_timeout,
+        }
+        self.url = ""
+        self.ca_file: str | None = None
+        self.fingerprint: str | None = None
+        self.queue_dir: Path | None = None
+        self._cluster: FakeCluster | None = None
+        self._rapi: RapiApp | None = None
+        self._runner: web.AppRunner | None = None
+        self._temp: Path | None = None
+
+    def __repr__(self) -> str:
+        if self._rapi is None or self._cluster is None:
+            return "<FakeGaneti not started>"
+        return (
+            f"<FakeGaneti {self.url} {len(self._cluster.nodes)} nodes, {len(self._cluster.instances)} instances, "
+            f"{len(self._cluster.jobs)} jobs, {self._rapi.active}/{self._rapi.max_clients} requests active>"
+        )
+
+    @property
+    def cluster(self) -> FakeCluster:
+        """The in-memory cluster (nodes, instances, jobs): inspect or change it directly."""
+        if self._cluster is None:
+            raise RuntimeError("FakeGaneti is not started; use 'async with FakeGaneti() as fake:'")
+        return self._cluster
+
+    @property
+    def rapi(self) -> RapiApp:
+        if self._rapi is None:
+            raise RuntimeError("FakeGaneti is not started; use 'async with FakeGaneti() as fake:'")
+        return self._rapi
+
+    # ------------------------------------------------------------------ knobs
+
+    @property
+    def latency(self) -> float | Callable[[], float]:
+        return self.rapi.latency
+
+    @latency.setter
+    def latency(self, value: float | Callable[[], float]) -> None:
+        self.rapi.latency = value
+
+    @property
+    def requests(self) -> int:
+        """Requests answered or being answered so far."""
+        return self.rapi.requests
+
+    def inject_fault(
+        self, kind: str, *, method: str | None = None, path: str | None = None, times: int | None = None,
+        delay: float = 0.5,
+    ) -> Fault:  # fmt: skip
+        """Answer matching requests with a fault: ``502``, ``503``, ``504``, ``401``, ``reset``, ``hang``,
+        ``slow_body`` (one byte every ``delay`` s) or ``malformed_json``; ``path`` is a glob
+        (``/2/jobs/*/wait``); ``times`` bounds how often (default: until cleared)."""
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault {kind!r}; choose from {', '.join(FAULT_KINDS)}")
+        fault = Fault(kind=kind, method=method, path=path, times=times, delay=delay)
+        self.rapi.faults.append(fault)
+        return fault
+
+    def clear_faults(self) -> None:
+        self.rapi.faults.clear()
+
+    def archive_jobs(self) -> int:
+        """Archive every ended job now (``gnt-job autoarchive 0``); returns how many."""
+        return sum(self.cluster.archive(job_id) for job_id in list(self.cluster.jobs))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._temp = Path(tempfile.mkdtemp(prefix="fake-ganeti-"))
+        self.queue_dir = self._queue_arg or self._temp / "queue"
+        queue = QueueDir(self.queue_dir, fsync=self.fsync)
+        self._cluster = FakeCluster(queue=queue, **self._cluster_kwargs)
+        self._rapi = RapiApp(self._cluster, self.username, self.password, **self._app_kwargs)
+        context: ssl.SSLContext | None = None
+        if self.tls:
+            cert, key, self.fingerprint = write_certificate(self._temp)
+            self.ca_file = str(cert)
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(cert, key)
+        self._runner = web.AppRunner(
+            self._rapi.application(), handle_signals=False, access_log=None, shutdown_timeout=0.5
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=context, backlog=1024)
+        await site.start()
+        server = site._server
+        assert isinstance(server, asyncio.Server)
+        self.port = server.sockets[0].getsockname()[1]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+
+    async def stop(self) -> None:
+        if self._cluster is not None:
+            await self._cluster.aclose()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._temp is not None:
+            shutil.rmtree(self._temp, ignore_errors=True)
+            self._temp = None

@@ -1,0 +1,159 @@
+"""Opcode inputs as Ganeti 3.0 writes them into job files, taken from real job files.
+
+An op's ``input`` goes through three forms (see tests/fixtures/ganeti-3.0-queue):
+
+* ``luxid``: as submitted (the queued versions, written by luxid): the generic
+  fields first (``dry_run, priority, depends, comment, reason, OP_ID``), then the
+  opcode's own, only those RAPI filled in;
+* ``waiting``: the same keys, written by the job's executor: own fields first,
+  generic fields last;
+* ``resolved``: from ``running`` on, the executor adds what it resolved (uuids,
+  defaults, ``debug_level``): the full key list of :data:`RESOLVED`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["GENERIC", "LUXID", "RESOLVED", "summary"]
+
+GENERIC = ("dry_run", "debug_level", "priority", "depends", "comment", "reason", "OP_ID")
+
+# Each opcode's own fields as luxid writes them for a RAPI submission, with RAPI's defaults.
+LUXID: dict[str, dict[str, Any]] = {
+    "OP_INSTANCE_CREATE": {
+        "instance_name": None, "force_variant": False, "wait_for_sync": True, "name_check": False,
+        "ignore_ipolicy": False, "opportunistic_locking": False, "beparams": {}, "disks": [],
+        "disk_template": None, "hvparams": {}, "hypervisor": None, "identify_defaults": False,
+        "ip_check": False, "conflicts_check": True, "mode": "create", "nics": [{}], "osparams": {},
+        "os_type": None, "pnode": None, "source_shutdown_timeout": 120, "compress": "none", "start": True,
+        "forthcoming": False, "commit": False, "tags": [], "instance_communication": False,
+    },
+    "OP_INSTANCE_SHUTDOWN": {
+        "instance_name": None, "force": False, "ignore_offline_nodes": False, "timeout": 120,
+        "no_remember": False,
+    },
+    "OP_INSTANCE_STARTUP": {
+        "instance_name": None, "force": False, "ignore_offline_nodes": False, "hvparams": {}, "beparams": {},
+        "no_remember": False, "startup_paused": False,
+    },
+    "OP_INSTANCE_REBOOT": {
+        "instance_name": None, "ignore_secondaries": False, "reboot_type": "soft", "shutdown_timeout": 120,
+    },
+    "OP_INSTANCE_REMOVE": {"instance_name": None, "shutdown_timeout": 120, "ignore_failures": False},
+    "OP_INSTANCE_SET_PARAMS": {
+        "instance_name": None, "force": False, "force_variant": False, "ignore_ipolicy": False, "nics": [],
+        "disks": [], "beparams": {}, "hvparams": {}, "ext_params": {}, "osparams": {}, "wait_for_sync": True,
+        "conflicts_check": True, "hotplug": False, "hotplug_if_possible": False,
+    },
+    "OP_INSTANCE_MULTI_ALLOC": {"opportunistic_locking": False, "instances": []},
+    "OP_TEST_DELAY": {
+        "duration": 0.0, "on_master": True, "on_nodes": [], "repeat": 0, "interruptible": False,
+        "no_locks": False,
+    },
+}  # fmt: skip
+
+# The full input from ``running`` on: key order and defaults as the executor writes them.
+RESOLVED: dict[str, dict[str, Any]] = {
+    "OP_INSTANCE_CREATE": {
+        "instance_name": None, "force_variant": False, "wait_for_sync": True, "name_check": False,
+        "ignore_ipolicy": False, "opportunistic_locking": False, "beparams": {}, "disks": [],
+        "disk_template": None, "group_name": None, "file_driver": None, "file_storage_dir": None, "hvparams": {},
+        "hypervisor": None, "iallocator": None, "identify_defaults": False, "ip_check": False,
+        "conflicts_check": True, "mode": "create", "nics": [{}], "no_install": None, "osparams": {},
+        "osparams_private": {}, "osparams_secret": {}, "os_type": None, "pnode": None, "pnode_uuid": None,
+        "snode": None, "snode_uuid": None, "source_handshake": None, "source_instance_name": None,
+        "source_shutdown_timeout": 120, "source_x509_ca": None, "src_node": None, "src_node_uuid": None,
+        "src_path": None, "compress": "none", "start": True, "forthcoming": False, "commit": False, "tags": [],
+        "instance_communication": False, "helper_startup_timeout": 300, "helper_shutdown_timeout": 7200,
+    },
+    "OP_INSTANCE_SHUTDOWN": {
+        "instance_name": None, "instance_uuid": None, "force": False, "ignore_offline_nodes": False,
+        "timeout": 120, "no_remember": False, "admin_state_source": "admin",
+    },
+    "OP_INSTANCE_STARTUP": {
+        "instance_name": None, "instance_uuid": None, "force": False, "ignore_offline_nodes": False,
+        "hvparams": {}, "beparams": {}, "no_remember": False, "startup_paused": False, "shutdown_timeout": 120,
+    },
+    "OP_INSTANCE_REBOOT": {
+        "instance_name": None, "instance_uuid": None, "ignore_secondaries": False, "reboot_type": "soft",
+        "shutdown_timeout": 120,
+    },
+    "OP_INSTANCE_REMOVE": {
+        "instance_name": None, "instance_uuid": None, "shutdown_timeout": 120, "ignore_failures": False,
+    },
+    "OP_INSTANCE_SET_PARAMS": {
+        "instance_name": None, "instance_uuid": None, "force": False, "force_variant": False,
+        "ignore_ipolicy": False, "nics": [], "disks": [], "beparams": {}, "hvparams": {}, "ext_params": {},
+        "osparams": {}, "osparams_private": {}, "wait_for_sync": True, "offline": None, "conflicts_check": True,
+        "hotplug": False, "hotplug_if_possible": False, "instance_communication": None,
+    },
+    "OP_INSTANCE_MULTI_ALLOC": {"opportunistic_locking": False, "iallocator": None, "instances": []},
+    "OP_TEST_DELAY": {
+        "duration": 0.0, "on_master": True, "on_nodes": [], "on_node_uuids": [], "repeat": 0,
+        "interruptible": False, "no_locks": False,
+    },
+}  # fmt: skip
+
+_SUMMARY_FIELD = {
+    "OP_INSTANCE_CREATE": "instance_name",
+    "OP_INSTANCE_SHUTDOWN": "instance_name",
+    "OP_INSTANCE_STARTUP": "instance_name",
+    "OP_INSTANCE_REBOOT": "instance_name",
+    "OP_INSTANCE_REMOVE": "instance_name",
+    "OP_INSTANCE_SET_PARAMS": "instance_name",
+    "OP_TEST_DELAY": "duration",
+}
+
+
+def summary(op_input: dict[str, Any]) -> str:
+    """Ganeti's op summary, as in ``GET /2/jobs/ID``: ``INSTANCE_CREATE(name)``."""
+    op_id = str(op_input["OP_ID"])
+    name = op_id.removeprefix("OP_")
+    field = _SUMMARY_FIELD.get(op_id)
+    if field is None or op_input.get(field) is None:
+        return name
+    return f"{name}({op_input[field]})"
+
+
+def luxid_input(
+    op_id: str, params: dict[str, Any], reason: list[Any], *, dry_run: bool, cli: bool = False
+) -> dict[str, Any]:
+    """The submitted form: generic fields, then the opcode's own (defaults filled, extras kept).
+
+    A RAPI submission carries no ``debug_level``; a gnt-* command line's does.
+    """
+    params = dict(params)
+    comment = params.pop("comment", None)
+    own = {key: params.get(key, default) for key, default in LUXID[op_id].items()}
+    own.update({key: value for key, value in params.items() if key not in own})
+    own = {key: value for key, value in own.items() if value is not None or key in params}
+    head: dict[str, Any] = {"dry_run": dry_run}
+    if cli:
+        head["debug_level"] = 0
+    head |= {"priority": 0, "depends": None, "comment": comment, "reason": reason, "OP_ID": op_id}
+    return head | own
+
+
+def waiting_input(luxid: dict[str, Any]) -> dict[str, Any]:
+    """The executor's first write: the same keys, own fields first."""
+    own = {key: value for key, value in luxid.items() if key not in GENERIC}
+    return own | {key: luxid[key] for key in GENERIC if key in luxid}
+
+
+def resolved_input(luxid: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
+    """From ``running`` on: the full key list, resolved values, ``debug_level`` among the generic fields."""
+    op_id = str(luxid["OP_ID"])
+    template = RESOLVED[op_id]
+    own = {key: resolved.get(key, luxid.get(key, default)) for key, default in template.items()}
+    own.update({key: value for key, value in luxid.items() if key not in own and key not in GENERIC})
+    tail = {
+        "dry_run": luxid["dry_run"],
+        "debug_level": 0,
+        "priority": luxid["priority"],
+        "depends": luxid["depends"],
+        "comment": luxid["comment"],
+        "reason": luxid["reason"],
+        "OP_ID": op_id,
+    }
+    return own | tail

@@ -1,0 +1,89 @@
+"""The job-queue directory, written exactly as Ganeti 3.0 writes it.
+
+* Every version of a job file is a new temp file renamed over ``job-<id>``
+  (inotify sees ``MOVED_TO job-<id>``, never a write to it):
+  luxid's writes go through ``job-<id>-<pid>-<n>.tmp`` with compact JSON and no
+  trailing newline; the job executor's through ``job-<id><8 random chars>.new``
+  with ``", "``/``": "`` separators and a trailing newline.
+* ``serial`` (the last job id) is rewritten the same way, before the job's first file.
+* ``version`` holds ``1``, ``lock`` is empty.
+* Archiving renames ``job-<id>`` to ``archive/<id // 10000>/job-<id>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import string
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["QueueDir"]
+
+_RANDOM = string.ascii_lowercase + string.digits
+
+
+class QueueDir:
+    """Writes job files into a Ganeti-like queue directory."""
+
+    def __init__(self, path: Path, *, fsync: bool = False, luxid_pid: int | None = None) -> None:
+        self.path = path
+        self.fsync = fsync
+        self.luxid_pid = luxid_pid or os.getpid()
+        self._counter = 0
+        self.writes = 0
+        #: called with (job id, content, written by luxid?) after each job-file version is in place
+        self.listeners: list[Callable[[int, dict[str, Any], bool], None]] = []
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "archive").mkdir(exist_ok=True)
+        if not (path / "version").exists():
+            self._atomic(path / "version", b"1\n", luxid=True, stem="version")
+        (path / "lock").touch()
+
+    def __repr__(self) -> str:
+        return f"<QueueDir {self.path} {self.writes} writes>"
+
+    def write_serial(self, last_id: int) -> None:
+        self._atomic(self.path / "serial", f"{last_id}\n".encode(), luxid=True, stem="serial")
+
+    def write_job(self, job_id: int, content: dict[str, Any], *, luxid: bool) -> None:
+        if luxid:
+            data = json.dumps(content, separators=(",", ":")).encode()
+        else:
+            data = (json.dumps(content) + "\n").encode()
+        self._atomic(self.path / f"job-{job_id}", data, luxid=luxid, stem=f"job-{job_id}")
+        for listener in self.listeners:
+            listener(job_id, json.loads(data), luxid)
+
+    def archive(self, job_id: int) -> Path:
+        folder = self.path / "archive" / str(job_id // 10000)
+        folder.mkdir(exist_ok=True)
+        target = folder / f"job-{job_id}"
+        os.rename(self.path / f"job-{job_id}", target)
+        return target
+
+    def read_archived(self, job_id: int) -> dict[str, Any] | None:
+        path = self.path / "archive" / str(job_id // 10000) / f"job-{job_id}"
+        try:
+            loaded: dict[str, Any] = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        return loaded
+
+    def _atomic(self, target: Path, data: bytes, *, luxid: bool, stem: str) -> None:
+        if luxid:
+            self._counter += 1
+            temp = target.with_name(f"{stem}-{self.luxid_pid}-{self._counter}.tmp")
+        else:
+            temp = target.with_name(f"{stem}{''.join(random.choices(_RANDOM, k=8))}.new")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+        try:
+            os.write(fd, data)
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temp, target)
+        self.writes += 1

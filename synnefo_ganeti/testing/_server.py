@@ -1,0 +1,406 @@
+"""The fake ganeti-rapi: an aiohttp application answering as Ganeti 3.0 does.
+
+Requests pass, in order: the ``max_clients`` slots (a request beyond them waits,
+as ganeti-rapi's extra connections wait for a free child), the latency knob,
+authentication (401 as Ganeti's), injected faults, the JSON content-type check
+(415), then the handler. Every answer closes its connection, as ganeti-rapi's do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import fnmatch
+import hmac
+import html
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from synnefo_ganeti.testing._engine import FakeCluster
+
+__all__ = ["FAULT_KINDS", "Fault", "RapiApp"]
+
+FAULT_KINDS = ("502", "503", "504", "reset", "hang", "slow_body", "malformed_json", "401")
+
+_INFO_TEMPLATE: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "info.json").read_text())
+_FEATURES = ["node-evac-res1", "node-migrate-reqv1", "instance-reinstall-reqv1", "instance-create-reqv1"]
+_EXPLAIN = {
+    400: "Bad request syntax or unsupported method",
+    401: "No permission -- see authorization schemes",
+    404: "Nothing matches the given URI",
+    415: "Entity body in unsupported format",
+    500: "Server got itself in trouble",
+    501: "Server does not support this operation",
+    502: "Invalid responses from another server/proxy",
+    503: "The server cannot process the request due to a high load",
+    504: "The gateway server did not receive a timely response",
+}
+_REASON = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 415: "Unsupported Media Type",
+           501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}  # fmt: skip
+
+# Types OP_INSTANCE_CREATE checks at submit (RAPI answers 400 for these, naming the parameter).
+_CREATE_TYPES: dict[str, tuple[type, ...]] = {
+    "instance_name": (str,), "mode": (str,), "disk_template": (str,), "os_type": (str,), "disks": (list,),
+    "nics": (list,), "beparams": (dict,), "hvparams": (dict,), "osparams": (dict,), "tags": (list,),
+    "start": (bool,), "name_check": (bool,), "ip_check": (bool,), "opportunistic_locking": (bool,),
+    "conflicts_check": (bool,), "pnode": (str, type(None)), "snode": (str, type(None)),
+    "iallocator": (str, type(None)), "hypervisor": (str, type(None)),
+}  # fmt: skip
+_CREATE_REQUIRED = ("instance_name", "mode", "disk_template", "disks", "nics")
+
+
+@dataclass
+class Fault:
+    """A fault answered instead of the real answer, for requests matching ``method`` and ``path`` (a glob)."""
+
+    kind: str
+    method: str | None = None
+    path: str | None = None
+    times: int | None = None  # None: until cleared
+    delay: float = 0.5  # slow_body: seconds between bytes
+    hits: int = 0
+
+    def matches(self, request: web.Request) -> bool:
+        if self.times is not None and self.hits >= self.times:
+            return False
+        if self.method is not None and request.method != self.method.upper():
+            return False
+        return self.path is None or fnmatch.fnmatchcase(request.path, self.path)
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message or _REASON.get(status, "Error")
+
+
+def _ganeti_error(status: int, message: str | None = None) -> web.Response:
+    body = {
+        "code": status,
+        "message": message or _REASON.get(status, "Error"),
+        "explain": _EXPLAIN.get(status, ""),
+    }
+    headers = {"Connection": "close"}
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Basic realm="Ganeti Remote API"'
+    return web.Response(
+        body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
+    )
+
+
+def _invalid(op: str, parameter: str) -> HTTPError:
+    text = f"Invalid body parameters: (\"Parameter '{op}.{parameter}' fails validation\", 'wrong_input')"
+    return HTTPError(400, html.escape(text, quote=True))
+
+
+@dataclass
+class RapiApp:
+    """The request pipeline and RAPI resources of a :class:`FakeCluster`."""
+
+    cluster: FakeCluster
+    username: str
+    password: str
+    max_clients: int = 20
+    latency: float | Callable[[], float] = 0.0
+    wait_timeout: float = 10.0
+    faults: list[Fault] = field(default_factory=list)
+    requests: int = 0
+    active: int = 0
+    _slots: asyncio.Semaphore | None = None
+
+    def __post_init__(self) -> None:
+        token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+        self._expected_auth = f"Basic {token}"
+
+    def application(self) -> web.Application:
+        app = web.Application(middlewares=[self._pipeline], client_max_size=16 * 1024 * 1024)
+        routes: list[tuple[str, str, Callable[[web.Request], Awaitable[Any]]]] = [
+            ("GET", "/version", self._version),
+            ("GET", "/2/info", self._info),
+            ("GET", "/2/features", self._features),
+            ("GET", "/2/nodes", self._nodes),
+            ("GET", "/2/nodes/{name}", self._node),
+            ("GET", "/2/instances", self._instances),
+            ("POST", "/2/instances", self._create),
+            ("POST", "/2/instances-multi-alloc", self._multi_alloc),
+            ("GET", "/2/instances/{name}", self._instance),
+            ("DELETE", "/2/instances/{name}", self._delete),
+            ("PUT", "/2/instances/{name}/startup", self._startup),
+            ("PUT", "/2/instances/{name}/shutdown", self._shutdown),
+            ("POST", "/2/instances/{name}/reboot", self._reboot),
+            ("PUT", "/2/instances/{name}/modify", self._modify),
+            ("GET", "/2/jobs", self._jobs),
+            ("GET", "/2/jobs/{job_id}", self._job),
+            ("DELETE", "/2/jobs/{job_id}", self._cancel),
+            ("GET", "/2/jobs/{job_id}/wait", self._wait),
+        ]
+        for method, path, handler in routes:
+            app.router.add_route(method, path, self._json_handler(handler))
+        return app
+
+    # ------------------------------------------------------------------ pipeline
+
+    @web.middleware
+    async def _pipeline(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_clients)
+        async with self._slots:
+            self.active += 1
+            self.requests += 1
+            try:
+                delay = self.latency() if callable(self.latency) else self.latency
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if not hmac.compare_digest(request.headers.get("Authorization", ""), self._expected_auth):
+                    return _ganeti_error(401)
+                for fault in self.faults:
+                    if fault.matches(request):
+                        fault.hits += 1
+                        return await self._fault(request, fault)
+                body = await request.read()
+                if request.method in ("POST", "PUT") and body and request.content_type != "application/json":
+                    return _ganeti_error(415)
+                try:
+                    response = await handler(request)
+                except web.HTTPNotFound:
+                    return _ganeti_error(404)
+                except web.HTTPMethodNotAllowed:
+                    return _ganeti_error(501, f"Method {request.method} is unsupported for resource")
+                except HTTPError as exc:
+                    return _ganeti_error(exc.status, exc.message)
+                response.headers["Connection"] = "close"
+                return response
+            finally:
+                self.active -= 1
+
+    async def _fault(self, request: web.Request, fault: Fault) -> web.StreamResponse:
+        if fault.kind in ("502", "503", "504", "401"):
+            return _ganeti_error(int(fault.kind))
+        if fault.kind == "malformed_json":
+            return web.Response(body=b'{"job_info": ["runn', content_type="application/json")
+        if fault.kind == "reset":
+            await request.read()
+            if request.transport is not None:
+                request.transport.abort()
+            raise asyncio.CancelledError  # the connection is gone; nothing more to answer
+        if fault.kind == "hang":
+            await asyncio.sleep(3600)
+        response = web.StreamResponse(headers={"Content-Type": "application/json", "Connection": "close"})
+        await response.prepare(request)
+        for byte in b'{"slow": true}':
+            await asyncio.sleep(fault.delay)
+            await response.write(bytes([byte]))
+        await response.write_eof()
+        return response
+
+    def _json_handler(
+        self, handler: Callable[[web.Request], Awaitable[Any]]
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            result = await handler(request)
+            if isinstance(result, web.StreamResponse):
+                return result
+            return web.Response(body=orjson.dumps(result), content_type="application/json")
+
+        return wrapped
+
+    @staticmethod
+    async def _body(request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        if not raw:
+            return {}
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise HTTPError(400, "Unable to parse JSON data") from None
+        if not isinstance(data, dict):
+            raise HTTPError(400, "Invalid body contents, not a dictionary")
+        return data
+
+    @staticmethod
+    def _flag(request: web.Request, name: str) -> bool:
+        return request.query.get(name, "0") not in ("0", "", "false", "False")
+
+    # ------------------------------------------------------------------ resources
+
+    async def _version(self, request: web.Request) -> Any:
+        return 2
+
+    async def _info(self, request: web.Request) -> Any:
+        cluster = self.cluster
+        master = next((n.name for n in cluster.nodes.values() if n.master), next(iter(cluster.nodes)))
+        info = dict(_INFO_TEMPLATE)
+        info.update(
+            name=cluster.name, master=master, default_hypervisor=cluster.hypervisor,
+            enabled_hypervisors=[cluster.hypervisor], enabled_disk_templates=list(cluster.disk_templates),
+            max_running_jobs=cluster.max_running_jobs, master_netdev=cluster.link, uuid=cluster.group_uuid,
+        )  # fmt: skip
+        info["ipolicy"] = dict(info["ipolicy"], **{"disk-templates": list(cluster.disk_templates)})
+        return info
+
+    async def _features(self, request: web.Request) -> Any:
+        return list(_FEATURES)
+
+    async def _nodes(self, request: web.Request) -> Any:
+        views = self.cluster.node_views()
+        if self._flag(request, "bulk"):
+            return views
+        return [{"id": v["name"], "uri": f"/2/nodes/{v['name']}"} for v in views]
+
+    async def _node(self, request: web.Request) -> Any:
+        name = request.match_info["name"]
+        for view in self.cluster.node_views():
+            if view["name"] == name:
+                return view
+        raise HTTPError(404)
+
+    async def _instances(self, request: web.Request) -> Any:
+        views = self.cluster.instance_views()
+        if self._flag(request, "bulk"):
+            return views
+        return [{"id": v["name"], "uri": f"/2/instances/{v['name']}"} for v in views]
+
+    async def _instance(self, request: web.Request) -> Any:
+        view = self.cluster.instance_view(request.match_info["name"])
+        if view is None:
+            raise HTTPError(404)
+        return view
+
+    def _submit(self, request: web.Request, ops: list[tuple[str, dict[str, Any]]], resource: str) -> int:
+        return self.cluster.submit(
+            ops,
+            resource=resource,
+            dry_run=self._flag(request, "dry-run"),
+            user_reason=request.query.get("reason"),
+        )
+
+    @staticmethod
+    def _create_params(body: dict[str, Any]) -> dict[str, Any]:
+        params = {("instance_name" if key == "name" else "os_type" if key == "os" else key): value
+                  for key, value in body.items() if key != "__version__"}  # fmt: skip
+        for key in _CREATE_REQUIRED:
+            if key not in params:
+                raise _invalid("OP_INSTANCE_CREATE", key)
+        for key, types in _CREATE_TYPES.items():
+            if key in params and not isinstance(params[key], types):
+                raise _invalid("OP_INSTANCE_CREATE", key)
+            if key in ("disks", "nics") and not all(isinstance(item, dict) for item in params[key]):
+                raise _invalid("OP_INSTANCE_CREATE", key)
+        if not params["instance_name"]:
+            raise _invalid("OP_INSTANCE_CREATE", "instance_name")
+        return params
+
+    async def _create(self, request: web.Request) -> Any:
+        body = await self._body(request)
+        version = body.get("__version__", 0)
+        if version != 1:
+            if version == 0:
+                raise HTTPError(400, "Instance creation request version 0 is no longer supported")
+            raise HTTPError(400, f"Unsupported request data version {version}")
+        return self._submit(request, [("OP_INSTANCE_CREATE", self._create_params(body))], "instances")
+
+    async def _multi_alloc(self, request: web.Request) -> Any:
+        body = await self._body(request)
+        instances = body.get("instances")
+        if not isinstance(instances, list) or not all(isinstance(item, dict) for item in instances):
+            raise _invalid("OP_INSTANCE_MULTI_ALLOC", "instances")
+        children = [self._create_params(item) for item in instances]
+        params = {
+            "instances": children,
+            "opportunistic_locking": bool(body.get("opportunistic_locking", False)),
+        }
+        if body.get("iallocator") is not None:
+            params["iallocator"] = body["iallocator"]
+        return self._submit(request, [("OP_INSTANCE_MULTI_ALLOC", params)], "instances_multi_alloc")
+
+    async def _delete(self, request: web.Request) -> Any:
+        name = request.match_info["name"]
+        return self._submit(request, [("OP_INSTANCE_REMOVE", {"instance_name": name})], "instances_name")
+
+    async def _startup(self, request: web.Request) -> Any:
+        body = await self._body(request)
+        params = {"instance_name": request.match_info["name"], "force": self._flag(request, "force")} | body
+        return self._submit(request, [("OP_INSTANCE_STARTUP", params)], "instances_name_startup")
+
+    async def _shutdown(self, request: web.Request) -> Any:
+        body = await self._body(request)
+        params = {"instance_name": request.match_info["name"]} | body
+        return self._submit(request, [("OP_INSTANCE_SHUTDOWN", params)], "instances_name_shutdown")
+
+    async def _reboot(self, request: web.Request) -> Any:
+        reboot_type = request.query.get("type", "soft")
+        if reboot_type not in ("soft", "hard", "full"):
+            raise _invalid("OP_INSTANCE_REBOOT", "reboot_type")
+        params: dict[str, Any] = {
+            "instance_name": request.match_info["name"],
+            "reboot_type": reboot_type,
+            "ignore_secondaries": self._flag(request, "ignore_secondaries"),
+        }
+        return self._submit(request, [("OP_INSTANCE_REBOOT", params)], "instances_name_reboot")
+
+    async def _modify(self, request: web.Request) -> Any:
+        body = await self._body(request)
+        for key in ("beparams", "hvparams", "osparams"):
+            if key in body and not isinstance(body[key], dict):
+                raise _invalid("OP_INSTANCE_SET_PARAMS", key)
+        params = {"instance_name": request.match_info["name"]} | body
+        return self._submit(request, [("OP_INSTANCE_SET_PARAMS", params)], "instances_name_modify")
+
+    def _job_id(self, request: web.Request) -> int:
+        try:
+            return int(request.match_info["job_id"])
+        except ValueError:
+            raise HTTPError(400, "Invalid job ID") from None
+
+    async def _jobs(self, request: web.Request) -> Any:
+        live = [job for job in self.cluster.jobs.values() if not job.archived]
+        if self._flag(request, "bulk"):
+            return [job.rapi_view(bulk=True) for job in live]
+        return [{"id": job.id, "uri": f"/2/jobs/{job.id}"} for job in live]
+
+    async def _job(self, request: web.Request) -> Any:
+        job_id = self._job_id(request)
+        job = self.cluster.job(job_id)
+        if job is None:  # Ganeti 3.0: 200 with every field null
+            return {"id": job_id, "ops": None, "status": None, "summary": None, "opstatus": None,
+                    "received_ts": None, "start_ts": None, "end_ts": None, "oplog": None, "opresult": None}  # fmt: skip
+        return job.rapi_view()
+
+    async def _cancel(self, request: web.Request) -> Any:
+        success, message = self.cluster.cancel(self._job_id(request))
+        return [success, message]
+
+    async def _wait(self, request: web.Request) -> Any:
+        job = self.cluster.job(self._job_id(request))
+        if job is None:
+            raise HTTPError(500, "Can&#x27;t load job file")
+        body = await self._body(request)
+        fields = body.get("fields")
+        if not isinstance(fields, list) or not fields:
+            raise HTTPError(400, "Missing &#x27;fields&#x27; parameter")
+        previous_info = body.get("previous_job_info")
+        previous_serial = body.get("previous_log_serial") or 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_timeout
+        while True:
+            changed = job.changed
+            info = job.wait_info(fields)
+            entries = job.log_since(int(previous_serial))
+            if previous_info is None or info != previous_info or entries or job.status.is_final:
+                return {"job_info": info, "log_entries": entries}
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return {"job_info": info, "log_entries": []}
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                return {"job_info": job.wait_info(fields), "log_entries": []}
