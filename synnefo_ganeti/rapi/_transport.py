@@ -254,8 +254,8 @@ class Transport:
 
     def _transport_error(self, exc: BaseException, method: str, path: str, limit: float) -> GanetiError:
         what = f"{self.url}: {method} {path}"
-        if isinstance(exc, aiohttp.ServerFingerprintMismatch):
-            got = exc.got.hex(":").upper()
+        if isinstance(exc, aiohttp.ClientSSLError) and "fingerprint mismatch" in _reason(exc):
+            got = _reason(exc).rpartition(" ")[2]
             return TLSError(
                 f"{what}: TLS certificate fingerprint mismatch: the server's SHA-256 is {got}, not the "
                 "pinned one; check it on the master with "

@@ -77,20 +77,41 @@ class FakeOp:
     start_timestamp: Timestamp | None = None
     exec_timestamp: Timestamp | None = None
     end_timestamp: Timestamp | None = None
-    stage: str = "luxid"
+    _stage: str = "luxid"
     resolved: dict[str, Any] = field(default_factory=dict)
+    allocated: str | None = None  # the node an allocator chose for a create without pnode
+    reserved: int = 0  # memory held on that node until the op ends
+    _input: dict[str, Any] | None = None  # the input of the current stage, built once
 
     @property
     def op_id(self) -> str:
         return str(self.luxid["OP_ID"])
 
     @property
+    def stage(self) -> str:
+        """``luxid``, ``waiting`` or ``resolved``: which form of the input is written (see _opcodes)."""
+        return self._stage
+
+    @stage.setter
+    def stage(self, value: str) -> None:
+        if value != self._stage:
+            self._stage = value
+            self._input = None
+
+    def resolve(self, **values: Any) -> None:
+        self.resolved.update(values)
+        self._input = None
+
+    @property
     def input(self) -> dict[str, Any]:
-        if self.stage == "luxid":
-            return self.luxid
-        if self.stage == "waiting":
-            return _opcodes.waiting_input(self.luxid)
-        return _opcodes.resolved_input(self.luxid, self.resolved)
+        if self._input is None:
+            if self._stage == "luxid":
+                self._input = self.luxid
+            elif self._stage == "waiting":
+                self._input = _opcodes.waiting_input(self.luxid)
+            else:
+                self._input = _opcodes.resolved_input(self.luxid, self.resolved)
+        return self._input
 
 
 @dataclass
@@ -233,6 +254,7 @@ class FakeCluster:
         self._running: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._node_locks: dict[str, asyncio.Lock] = {}
+        self._reserved: dict[str, int] = {}
         self._boot = int(time.time())
         self._closed = False
 
@@ -430,17 +452,39 @@ class FakeCluster:
         finally:
             if lock is not None and lock.locked():
                 lock.release()
+            if op.allocated is not None:
+                self._reserved[op.allocated] -= op.reserved
+                op.reserved = 0
 
     def _lock_node(self, op: FakeOp) -> str | None:
         if op.op_id not in _INSTANCE_OPS:
             return None
         if op.op_id == "OP_INSTANCE_CREATE":
-            return op.luxid.get("pnode") or None
+            return op.luxid.get("pnode") or self._allocate(op)
         inst = self.instances.get(str(op.luxid.get("instance_name")))
         return inst.pnode if inst is not None else None
 
+    def _allocate(self, op: FakeOp) -> str | None:
+        """Like an iallocator: the usable node with the most free memory, less what creates
+        already placed there still hold (so a burst of creates spreads over the nodes)."""
+        views = {view["name"]: view for view in self.node_views()}
+        usable = [n for n in self.nodes.values() if not n.offline and not n.drained and n.vm_capable]
+        if not usable:
+            return None
+        node = max(
+            usable, key=lambda n: ((views[n.name]["mfree"] or 0) - self._reserved.get(n.name, 0), n.name)
+        )
+        beparams = op.luxid.get("beparams") or {}
+        try:
+            memory = parse_size("memory", beparams.get("memory", beparams.get("maxmem", 128)))
+        except OpFailure:
+            memory = 0
+        op.allocated, op.reserved = node.name, memory
+        self._reserved[node.name] = self._reserved.get(node.name, 0) + memory
+        return node.name
+
     def _start_running(self, job: FakeJob, op: FakeOp, **resolved: Any) -> None:
-        op.resolved.update(resolved)
+        op.resolve(**resolved)
         op.stage = "resolved"
         op.status = JobStatus.RUNNING
         op.exec_timestamp = now_ts()
@@ -472,7 +516,7 @@ class FakeCluster:
     async def _op_instance_create(self, job: FakeJob, op: FakeOp) -> None:
         p = op.luxid
         name = str(p["instance_name"])
-        op.resolved.update(osparams_private=None, osparams_secret=None)
+        op.resolve(osparams_private=None, osparams_secret=None)
         if name in self.instances:
             raise OpFailure("OpPrereqError", f"Instance '{name}' is already in the cluster", "already_exists")
         template = str(p.get("disk_template"))
@@ -483,7 +527,7 @@ class FakeCluster:
                 f"Enabled disk templates are: {','.join(self.disk_templates)}",
                 "wrong_input",
             )
-        node = self._choose_node(p, name)
+        node = self.nodes[op.allocated] if op.allocated is not None else self._choose_node(p, name)
         file_driver = p.get("file_driver") or ("loop" if template in ("file", "sharedfile") else None)
         self._start_running(
             job, op, pnode=node.name, pnode_uuid=node.uuid, hypervisor=p.get("hypervisor") or self.hypervisor,
@@ -496,9 +540,10 @@ class FakeCluster:
         for key in ("maxmem", "minmem"):
             if memory is not None:
                 beparams.setdefault(key, memory)
-        op.resolved["beparams"] = {key: beparams[key] for key in ("maxmem", "minmem") if key in beparams} | {
-            key: value for key, value in beparams.items() if key not in ("maxmem", "minmem")
-        }
+        op.resolve(
+            beparams={key: beparams[key] for key in ("maxmem", "minmem") if key in beparams}
+            | {key: value for key, value in beparams.items() if key not in ("maxmem", "minmem")}
+        )
         custom = {
             key: parse_size(key, value) if key in ("maxmem", "minmem") else value
             for key, value in beparams.items()
@@ -509,7 +554,7 @@ class FakeCluster:
             raise OpFailure(
                 "TypeEnforcementError", f"'vcpus' (value {vcpus}) is not a valid int", prereq=False
             )
-        op.resolved.update(osparams_private={}, osparams_secret={})
+        op.resolve(osparams_private={}, osparams_secret={})
         disks = [dict(d) for d in p.get("disks") or []]
         for index, disk in enumerate(disks):
             disk["size"] = parse_size(f"disk/{index}", disk.get("size"))

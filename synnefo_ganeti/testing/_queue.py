@@ -30,6 +30,7 @@ class QueueDir:
 
     def __init__(self, path: Path, *, fsync: bool = False, luxid_pid: int | None = None) -> None:
         self.path = path
+        self._dir = os.fspath(path)
         self.fsync = fsync
         self.luxid_pid = luxid_pid or os.getpid()
         self._counter = 0
@@ -39,21 +40,21 @@ class QueueDir:
         path.mkdir(parents=True, exist_ok=True)
         (path / "archive").mkdir(exist_ok=True)
         if not (path / "version").exists():
-            self._atomic(path / "version", b"1\n", luxid=True, stem="version")
+            self._atomic("version", b"1\n", luxid=True)
         (path / "lock").touch()
 
     def __repr__(self) -> str:
         return f"<QueueDir {self.path} {self.writes} writes>"
 
     def write_serial(self, last_id: int) -> None:
-        self._atomic(self.path / "serial", f"{last_id}\n".encode(), luxid=True, stem="serial")
+        self._atomic("serial", f"{last_id}\n".encode(), luxid=True)
 
     def write_job(self, job_id: int, content: dict[str, Any], *, luxid: bool) -> None:
         if luxid:
             data = json.dumps(content, separators=(",", ":")).encode()
         else:
             data = (json.dumps(content) + "\n").encode()
-        self._atomic(self.path / f"job-{job_id}", data, luxid=luxid, stem=f"job-{job_id}")
+        self._atomic(f"job-{job_id}", data, luxid=luxid)
         for listener in self.listeners:
             listener(job_id, json.loads(data), luxid)
 
@@ -72,12 +73,12 @@ class QueueDir:
             return None
         return loaded
 
-    def _atomic(self, target: Path, data: bytes, *, luxid: bool, stem: str) -> None:
+    def _atomic(self, name: str, data: bytes, *, luxid: bool) -> None:
         if luxid:
             self._counter += 1
-            temp = target.with_name(f"{stem}-{self.luxid_pid}-{self._counter}.tmp")
+            temp = f"{self._dir}/{name}-{self.luxid_pid}-{self._counter}.tmp"
         else:
-            temp = target.with_name(f"{stem}{''.join(random.choices(_RANDOM, k=8))}.new")
+            temp = f"{self._dir}/{name}{''.join(random.choices(_RANDOM, k=8))}.new"
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
         try:
             os.write(fd, data)
@@ -85,5 +86,5 @@ class QueueDir:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.rename(temp, target)
+        os.rename(temp, f"{self._dir}/{name}")
         self.writes += 1

@@ -140,6 +140,9 @@ class RapiApp:
             ("GET", "/2/jobs/{job_id}", self._job),
             ("DELETE", "/2/jobs/{job_id}", self._cancel),
             ("GET", "/2/jobs/{job_id}/wait", self._wait),
+            ("POST", "/__fake__/faults", self._add_fault),
+            ("DELETE", "/__fake__/faults", self._clear_faults),
+            ("PUT", "/__fake__/knobs", self._set_knobs),
         ]
         for method, path, handler in routes:
             app.router.add_route(method, path, self._json_handler(handler))
@@ -156,31 +159,45 @@ class RapiApp:
         async with self._slots:
             self.active += 1
             self.requests += 1
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            control = request.path.startswith("/__fake__/")
+            delay = 0.0 if control else self.latency() if callable(self.latency) else self.latency
             try:
-                delay = self.latency() if callable(self.latency) else self.latency
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if not hmac.compare_digest(request.headers.get("Authorization", ""), self._expected_auth):
-                    return _ganeti_error(401)
-                for fault in self.faults:
-                    if fault.matches(request):
-                        fault.hits += 1
-                        return await self._fault(request, fault)
-                body = await request.read()
-                if request.method in ("POST", "PUT") and body and request.content_type != "application/json":
-                    return _ganeti_error(415)
-                try:
-                    response = await handler(request)
-                except web.HTTPNotFound:
-                    return _ganeti_error(404)
-                except web.HTTPMethodNotAllowed:
-                    return _ganeti_error(501, f"Method {request.method} is unsupported for resource")
-                except HTTPError as exc:
-                    return _ganeti_error(exc.status, exc.message)
-                response.headers["Connection"] = "close"
+                response = await self._answer(request, handler, control)
+                # The latency is the whole time to answer, the fake's own work included.
+                remaining = delay - (loop.time() - started)
+                if remaining > 0:
+                    await asyncio.sleep(remaining)
                 return response
             finally:
                 self.active -= 1
+
+    async def _answer(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+        control: bool,
+    ) -> web.StreamResponse:
+        if not hmac.compare_digest(request.headers.get("Authorization", ""), self._expected_auth):
+            return _ganeti_error(401)
+        for fault in [] if control else self.faults:
+            if fault.matches(request):
+                fault.hits += 1
+                return await self._fault(request, fault)
+        body = await request.read()
+        if request.method in ("POST", "PUT") and body and request.content_type != "application/json":
+            return _ganeti_error(415)
+        try:
+            response = await handler(request)
+        except web.HTTPNotFound:
+            return _ganeti_error(404)
+        except web.HTTPMethodNotAllowed:
+            return _ganeti_error(501, f"Method {request.method} is unsupported for resource")
+        except HTTPError as exc:
+            return _ganeti_error(exc.status, exc.message)
+        response.headers["Connection"] = "close"
+        return response
 
     async def _fault(self, request: web.Request, fault: Fault) -> web.StreamResponse:
         if fault.kind in ("502", "503", "504", "401"):
@@ -229,6 +246,36 @@ class RapiApp:
     @staticmethod
     def _flag(request: web.Request, name: str) -> bool:
         return request.query.get(name, "0") not in ("0", "", "false", "False")
+
+    # ------------------------------------------------------------------ control (not Ganeti's)
+
+    async def _add_fault(self, request: web.Request) -> Any:
+        body = await self._body(request)
+        kind = str(body.get("kind"))
+        if kind not in FAULT_KINDS:
+            raise HTTPError(400, f"unknown fault {kind!r}; choose from {', '.join(FAULT_KINDS)}")
+        times = body.get("times")
+        fault = Fault(
+            kind=kind, method=body.get("method"), path=body.get("path"),
+            times=int(times) if times is not None else None, delay=float(body.get("delay", 0.5)),
+        )  # fmt: skip
+        self.faults.append(fault)
+        return {"faults": len(self.faults)}
+
+    async def _clear_faults(self, request: web.Request) -> Any:
+        self.faults.clear()
+        return {"faults": 0}
+
+    async def _set_knobs(self, request: web.Request) -> Any:
+        body = await self._body(request)
+        if "latency" in body:
+            self.latency = float(body["latency"])
+        if "max_running_jobs" in body:
+            self.cluster.max_running_jobs = int(body["max_running_jobs"])
+        if "op_times" in body:
+            self.cluster.op_times.update({str(k): float(v) for k, v in dict(body["op_times"]).items()})
+        return {"latency": self.latency if not callable(self.latency) else None,
+                "max_running_jobs": self.cluster.max_running_jobs}  # fmt: skip
 
     # ------------------------------------------------------------------ resources
 
