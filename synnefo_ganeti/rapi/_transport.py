@@ -54,7 +54,8 @@ logger = logging.getLogger("synnefo_ganeti.rapi")
 
 _NO_BODY: Final = object()
 USER_AGENT: Final = f"synnefo-ganeti/{__version__}"
-LONG_POLL_GRACE: Final = 10.0  # Ganeti's /wait answers after at most ~10 s; allow this much more
+LONG_POLL_GRACE: Final = 10.0
+_CLOSE_TURNS: Final = 4  # Ganeti's /wait answers after at most ~10 s; allow this much more
 
 
 class Transport:
@@ -121,6 +122,11 @@ class Transport:
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+            # Closing a TLS connection takes a few more loop turns (close_notify, then the
+            # socket): give them, so that a program that closes its loop right after does
+            # not leave sockets behind.
+            for _ in range(_CLOSE_TURNS):
+                await asyncio.sleep(0)
 
     async def request(
         self,

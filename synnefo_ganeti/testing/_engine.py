@@ -187,7 +187,7 @@ class FakeJob:
         """``GET /2/jobs/ID`` (``bulk``: an item of ``/2/jobs?bulk=1``, without oplog and opresult)."""
         view: dict[str, Any] = {
             "id": self.id,
-            "ops": [op.input for op in self.ops],
+            "ops": [_opcodes.rapi_input(op.input) for op in self.ops],
             "status": self.status.value,
             "summary": [_opcodes.summary(op.input) for op in self.ops],
             "opstatus": [op.status.value for op in self.ops],

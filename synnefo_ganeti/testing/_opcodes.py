@@ -141,6 +141,13 @@ def waiting_input(luxid: dict[str, Any]) -> dict[str, Any]:
     return own | {key: luxid[key] for key in GENERIC if key in luxid}
 
 
+def rapi_input(current: dict[str, Any]) -> dict[str, Any]:
+    """An op as ``GET /2/jobs/ID`` shows it: luxid re-serialises the opcode, generic fields
+    first and optional fields that are unset (``null``) left out."""
+    head = {key: current[key] for key in GENERIC if key in current}
+    return head | {key: value for key, value in current.items() if key not in GENERIC and value is not None}
+
+
 def resolved_input(luxid: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
     """From ``running`` on: the full key list, resolved values, ``debug_level`` among the generic fields."""
     op_id = str(luxid["OP_ID"])
