@@ -51,9 +51,11 @@ def spec(name: str, **kwargs) -> InstanceSpec:
 async def raw(fake: FakeGaneti, method: str, path: str, **kwargs) -> tuple[int, object]:
     auth = "Basic " + base64.b64encode(f"{fake.username}:{fake.password}".encode()).decode()
     headers = {"Authorization": auth} | kwargs.pop("headers", {})
-    async with aiohttp.ClientSession() as session:
-        async with session.request(method, fake.url + path, headers=headers, ssl=False, **kwargs) as response:
-            return response.status, json.loads(await response.read())
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, fake.url + path, headers=headers, ssl=False, **kwargs) as response,
+    ):
+        return response.status, json.loads(await response.read())
 
 
 async def test_contract_and_repr() -> None:
@@ -121,7 +123,7 @@ async def test_refusals_as_ganeti_answers_them() -> None:
         status, body = await raw(fake, "POST", "/2/instances", json=bad_disks)
         assert status == 400 and "OP_INSTANCE_CREATE.disks" in body["message"]  # type: ignore[index]
         async with client(fake) as rapi:
-            with pytest.raises(BadRequestError, match="OP_INSTANCE_CREATE.disks"):
+            with pytest.raises(BadRequestError, match=r"OP_INSTANCE_CREATE\.disks"):
                 await rapi.create_instance(spec("x").model_copy(update={"disks": "x"}))
         async with RapiClient(
             fake.url, username=fake.username, password="wrong", ca_file=fake.ca_file
@@ -239,23 +241,25 @@ async def test_cancel() -> None:
 
 
 async def test_wait_long_polls_and_times_out_like_ganeti() -> None:
-    async with FakeGaneti(op_times=QUICK | {"OP_INSTANCE_CREATE": 1.0}, wait_timeout=0.3) as fake:
-        async with client(fake) as rapi:
-            job_id = await rapi.create_instance(spec("a"))
-            await asyncio.sleep(0.1)
-            info = fake.cluster.job(job_id).wait_info(["status"])  # type: ignore[union-attr]
-            serial = fake.cluster.job(job_id).log_serial  # type: ignore[union-attr]
-            started = time.perf_counter()
-            status, answer = await raw(
-                fake, "GET", f"/2/jobs/{job_id}/wait",
-                json={"fields": ["status"], "previous_job_info": info, "previous_log_serial": serial},
-            )  # fmt: skip
-            waited = time.perf_counter() - started
-            assert status == 200
-            assert answer["job_info"] == info or answer["log_entries"]  # type: ignore[index]
-            assert waited >= 0.2 or answer["log_entries"]  # type: ignore[index]
-            done = await rapi.wait_for_job(job_id, timeout=10)
-            assert done.status is JobStatus.SUCCESS and [e.serial for e in done.log] == [1, 2, 3, 4]
+    async with (
+        FakeGaneti(op_times=QUICK | {"OP_INSTANCE_CREATE": 1.0}, wait_timeout=0.3) as fake,
+        client(fake) as rapi,
+    ):
+        job_id = await rapi.create_instance(spec("a"))
+        await asyncio.sleep(0.1)
+        info = fake.cluster.job(job_id).wait_info(["status"])  # type: ignore[union-attr]
+        serial = fake.cluster.job(job_id).log_serial  # type: ignore[union-attr]
+        started = time.perf_counter()
+        status, answer = await raw(
+            fake, "GET", f"/2/jobs/{job_id}/wait",
+            json={"fields": ["status"], "previous_job_info": info, "previous_log_serial": serial},
+        )  # fmt: skip
+        waited = time.perf_counter() - started
+        assert status == 200
+        assert answer["job_info"] == info or answer["log_entries"]  # type: ignore[index]
+        assert waited >= 0.2 or answer["log_entries"]  # type: ignore[index]
+        done = await rapi.wait_for_job(job_id, timeout=10)
+        assert done.status is JobStatus.SUCCESS and [e.serial for e in done.log] == [1, 2, 3, 4]
 
 
 async def test_multi_alloc_creates_child_jobs() -> None:

@@ -29,8 +29,8 @@ async def test_every_version_arrives_by_rename(tmp_path) -> None:
         )
 
         async def collect() -> None:
-            async for event in inotify:
-                events.append((event.name.name if event.name else "", event.mask))
+            async for event in inotify:  # runs until cancelled: every event must land at once
+                events.append((event.name.name if event.name else "", event.mask))  # noqa: PERF401
 
         collector = asyncio.create_task(collect())
         async with FakeGaneti(tls=False, queue_dir=queue, op_times={"OP_INSTANCE_CREATE": 0.02}) as fake:
