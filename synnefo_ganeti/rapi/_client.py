@@ -123,7 +123,6 @@ class RapiClient:
         self.max_connections = max_connections
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        self.ramp_up = 0.002
         self._transport = Transport(
             url,
             username=username,
@@ -343,10 +342,8 @@ class RapiClient:
         queue = iter(enumerate(items))
         done = 0
 
-        async def worker(number: int) -> None:
+        async def worker() -> None:
             nonlocal done
-            if number:
-                await asyncio.sleep(number * self.ramp_up)
             for index, spec in queue:
                 result: int | GanetiError
                 try:
@@ -360,7 +357,7 @@ class RapiClient:
 
         async with asyncio.TaskGroup() as group:
             for number in range(min(total, self.max_connections)):
-                group.create_task(worker(number), name=f"create-worker-{number}")
+                group.create_task(worker(), name=f"create-worker-{number}")
         return [result for result in results if result is not None]
 
     async def delete_instance(self, name: str) -> int:
