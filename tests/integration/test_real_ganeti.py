@@ -143,13 +143,14 @@ async def test_cancel_a_queued_job(testbed) -> None:
         )
         try:
             ids = await rapi.create_instances([spec(testbed, name(f"q{i}")) for i in range(4)], dry_run=True)
-            result = await rapi.cancel_job(ids[-1])  # type: ignore[arg-type]
+            last = max(ids)  # type: ignore[type-var]  # the last to arrive: surely still queued
+            result = await rapi.cancel_job(last)  # type: ignore[arg-type]
             assert result.success, result.message
-            canceled = await rapi.wait_for_job(ids[-1], timeout=120)  # type: ignore[arg-type]
+            canceled = await rapi.wait_for_job(last, timeout=120)  # type: ignore[arg-type]
             assert canceled.status is JobStatus.CANCELED and canceled.failure is None
-            for job_id in ids[:-1]:
+            for job_id in sorted(ids)[:-1]:  # type: ignore[type-var]
                 assert (await rapi.wait_for_job(job_id, timeout=120)).status is JobStatus.SUCCESS  # type: ignore[arg-type]
-            late = await rapi.cancel_job(ids[0])  # type: ignore[arg-type]
+            late = await rapi.cancel_job(min(ids))  # type: ignore[arg-type, type-var]
             assert late.success is False  # a finished job cannot be canceled
         finally:
             await rapi.wait_for_job(
