@@ -12,6 +12,7 @@ import asyncio
 import os
 import secrets
 import shutil
+import socket
 import ssl
 import tempfile
 from collections.abc import Callable
@@ -27,6 +28,37 @@ from synnefo_ganeti.testing._server import FAULT_KINDS, Fault, RapiApp
 from synnefo_ganeti.testing._tls import write_certificate
 
 __all__ = ["FakeGaneti"]
+
+
+class _Tracked(asyncio.Protocol):
+    """Passes everything to aiohttp's protocol, and says when the connection is gone."""
+
+    def __init__(self, inner: Any, on_lost: Callable[[], None]) -> None:
+        self.inner = inner
+        self.on_lost = on_lost
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        result: bool | None = self.inner.eof_received()
+        return result
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            self.inner.connection_lost(exc)
+        finally:
+            self.on_lost()
+
 
 _SHM = "/dev/shm"
 _SHM_USABLE = os.path.isdir(_SHM) and os.access(_SHM, os.W_OK)
@@ -112,6 +144,10 @@ class FakeGaneti:
         self._rapi: RapiApp | None = None
         self._runner: web.AppRunner | None = None
         self._temp: Path | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._connections: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         if self._rapi is None or self._cluster is None:
@@ -189,30 +225,95 @@ class FakeGaneti:
         queue = QueueDir(self.queue_dir, fsync=self.fsync)
         self._cluster = FakeCluster(queue=queue, **self._cluster_kwargs)
         self._rapi = RapiApp(self._cluster, self.username, self.password, **self._app_kwargs)
-        context: ssl.SSLContext | None = None
+        self._ssl = None
         if self.tls:
             cert, key, self.fingerprint = write_certificate(self._temp)
             self.ca_file = str(cert)
-            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            context.load_cert_chain(cert, key)
+            self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self._ssl.load_cert_chain(cert, key)
         self._runner = web.AppRunner(
             self._rapi.application(), handle_signals=False, access_log=None, shutdown_timeout=0.5
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=context, backlog=1024)
-        await site.start()
-        server = site._server
-        assert isinstance(server, asyncio.Server)
-        self.port = server.sockets[0].getsockname()[1]
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((self.host, self.port))
+            listener.listen(1024)
+        except OSError:
+            listener.close()
+            await self._runner.cleanup()
+            self._runner = None
+            raise
+        listener.setblocking(False)
+        self._listener = listener
+        self.port = listener.getsockname()[1]
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+        self._accepting = asyncio.get_running_loop().create_task(self._accept(), name="fake-ganeti-accept")
+
+    async def _accept(self) -> None:
+        """Accept a connection only while fewer than ``max_clients`` are open, as ganeti-rapi
+        forks at most that many children: the others wait in the listen backlog. A connection
+        holds its slot from accept to close, its TLS handshake included."""
+        loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(self.rapi.max_clients)
+        assert self._runner is not None and self._runner.server is not None and self._listener is not None
+        factory = self._runner.server
+        while True:
+            await slots.acquire()
+            try:
+                connection, _ = await loop.sock_accept(self._listener)
+            except BaseException:
+                slots.release()
+                raise
+            task = loop.create_task(self._serve(connection, loop.time(), factory, slots.release))
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    async def _serve(
+        self, connection: socket.socket, accepted: float, factory: Any, release: Callable[[], None]
+    ) -> None:
+        closed = asyncio.Event()
+        try:
+            connection.setblocking(False)
+
+            def protocol() -> asyncio.Protocol:
+                handler = factory()
+                self.rapi.accepted_at[id(handler)] = accepted  # the latency counts from here
+
+                def lost() -> None:
+                    self.rapi.accepted_at.pop(id(handler), None)
+                    closed.set()
+
+                return _Tracked(handler, lost)
+
+            try:
+                await asyncio.get_running_loop().connect_accepted_socket(protocol, connection, ssl=self._ssl)
+            except (OSError, ssl.SSLError):
+                connection.close()
+                return
+            await closed.wait()
+        finally:
+            release()
 
     async def stop(self) -> None:
+        if self._accepting is not None:
+            self._accepting.cancel()
+            await asyncio.gather(self._accepting, return_exceptions=True)
+            self._accepting = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         if self._cluster is not None:
             await self._cluster.aclose()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
         if self._temp is not None:
             shutil.rmtree(self._temp, ignore_errors=True)
             self._temp = None

@@ -111,9 +111,9 @@ class RapiApp:
     latency: float | Callable[[], float] = 0.0
     wait_timeout: float = 10.0
     faults: list[Fault] = field(default_factory=list)
+    accepted_at: dict[int, float] = field(default_factory=dict)  # connection (handler id) -> accept time
     requests: int = 0
     active: int = 0
-    _slots: asyncio.Semaphore | None = None
 
     def __post_init__(self) -> None:
         token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
@@ -154,24 +154,22 @@ class RapiApp:
     async def _pipeline(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.max_clients)
-        async with self._slots:
-            self.active += 1
-            self.requests += 1
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            control = request.path.startswith("/__fake__/")
-            delay = 0.0 if control else self.latency() if callable(self.latency) else self.latency
-            try:
-                response = await self._answer(request, handler, control)
-                # The latency is the whole time to answer, the fake's own work included.
-                remaining = delay - (loop.time() - started)
-                if remaining > 0:
-                    await asyncio.sleep(remaining)
-                return response
-            finally:
-                self.active -= 1
+        self.active += 1
+        self.requests += 1
+        loop = asyncio.get_running_loop()
+        # The latency is the whole time to answer: from the connection's accept (the fake
+        # accepts its own connections) to the answer, the fake's own work included.
+        started = self.accepted_at.get(id(request.protocol)) or loop.time()
+        control = request.path.startswith("/__fake__/")
+        delay = 0.0 if control else self.latency() if callable(self.latency) else self.latency
+        try:
+            response = await self._answer(request, handler, control)
+            remaining = delay - (loop.time() - started)
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+            return response
+        finally:
+            self.active -= 1
 
     async def _answer(
         self,
