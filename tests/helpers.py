@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -13,10 +12,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+
+from synnefo_ganeti.testing._tls import write_certificate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RAPI_FIXTURES = FIXTURES / "ganeti-3.0-rapi"
@@ -44,29 +41,10 @@ class Certificate:
 
 def make_certificate(directory: Path, common_name: str = "ganeti.example.com") -> Certificate:
     """A self-signed certificate without extensions, like the one Ganeti generates."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=30))
-        .sign(key, hashes.SHA256())
-    )
-    cert_path = directory / f"{common_name}.pem"
-    key_path = directory / f"{common_name}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    digest = cert.fingerprint(hashes.SHA256()).hex(":").upper()
-    return Certificate(cert_path, key_path, digest)
+    folder = directory / common_name
+    folder.mkdir()
+    cert, key, fingerprint = write_certificate(folder, common_name)
+    return Certificate(cert, key, fingerprint)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -102,6 +102,25 @@ class FakeOp:
         self.resolved.update(values)
         self._input = None
 
+    def file_entry(self, *, priority_first: bool) -> dict[str, Any]:
+        """The op in a job file; luxid puts ``priority`` before the timestamps, the executor after."""
+        entry: dict[str, Any] = {
+            "input": self.input,
+            "status": self.status.value,
+            "result": self.result,
+            "log": self.log,
+        }
+        if priority_first:
+            entry["priority"] = 0
+        entry |= {
+            "start_timestamp": self.start_timestamp,
+            "exec_timestamp": self.exec_timestamp,
+            "end_timestamp": self.end_timestamp,
+        }
+        if not priority_first:
+            entry["priority"] = 0
+        return entry
+
     @property
     def input(self) -> dict[str, Any]:
         if self._input is None:
@@ -137,21 +156,10 @@ class FakeJob:
         self.changed = asyncio.Event()
 
     def luxid_file(self) -> dict[str, Any]:
+        """The job file as luxid writes it (queued versions, cancel): its key order, ``livelock`` only once set."""
         content: dict[str, Any] = {
             "id": self.id,
-            "ops": [
-                {
-                    "input": op.input,
-                    "status": op.status.value,
-                    "result": op.result,
-                    "log": op.log,
-                    "priority": 0,
-                    "start_timestamp": op.start_timestamp,
-                    "exec_timestamp": op.exec_timestamp,
-                    "end_timestamp": op.end_timestamp,
-                }
-                for op in self.ops
-            ],
+            "ops": [op.file_entry(priority_first=True) for op in self.ops],
             "received_timestamp": self.received_timestamp,
             "start_timestamp": self.start_timestamp,
             "end_timestamp": self.end_timestamp,
@@ -161,21 +169,10 @@ class FakeJob:
         return content
 
     def executor_file(self) -> dict[str, Any]:
+        """The job file as the job's executor writes it (waiting, running, log lines, end)."""
         return {
             "id": self.id,
-            "ops": [
-                {
-                    "input": op.input,
-                    "status": op.status.value,
-                    "result": op.result,
-                    "log": op.log,
-                    "start_timestamp": op.start_timestamp,
-                    "exec_timestamp": op.exec_timestamp,
-                    "end_timestamp": op.end_timestamp,
-                    "priority": 0,
-                }
-                for op in self.ops
-            ],
+            "ops": [op.file_entry(priority_first=False) for op in self.ops],
             "start_timestamp": self.start_timestamp,
             "end_timestamp": self.end_timestamp,
             "received_timestamp": self.received_timestamp,
