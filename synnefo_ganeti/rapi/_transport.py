@@ -27,6 +27,7 @@ import asyncio
 import base64
 import html
 import logging
+import sys
 import time
 from typing import Any, Final
 
@@ -54,8 +55,10 @@ logger = logging.getLogger("synnefo_ganeti.rapi")
 
 _NO_BODY: Final = object()
 USER_AGENT: Final = f"synnefo-ganeti/{__version__}"
-LONG_POLL_GRACE: Final = 10.0
-_CLOSE_TURNS: Final = 4  # Ganeti's /wait answers after at most ~10 s; allow this much more
+LONG_POLL_GRACE: Final = 10.0  # Ganeti's /wait answers after at most ~10 s; allow this much more
+_CLOSE_TURNS: Final = 4
+# CPython before 3.12.8 (and 3.13.0) leaks TLS transports whose close the peer never completes.
+_NEEDS_CLEANUP_CLOSED: Final = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.version_info < (3, 13, 1)
 
 
 class Transport:
@@ -108,7 +111,9 @@ class Transport:
             # The server closes each connection; keep-alive bookkeeping is harmless,
             # but sending "Connection: close" would cost ~40 ms per request.
             force_close=False,
-            enable_cleanup_closed=False,
+            # Python < 3.12.8 leaks TLS transports whose shutdown the server does not
+            # finish (cpython#118960); aiohttp then aborts them itself, at the latest on close.
+            enable_cleanup_closed=_NEEDS_CLEANUP_CLOSED,
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
