@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from synnefo_ganeti.errors import GanetiError, TLSError, TransportError, UnavailableError
 
-__all__ = ["NO_RETRY", "RetryPolicy", "is_transient", "is_unsent"]
+__all__ = ["RetryPolicy", "is_transient", "is_unsent"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,9 +49,6 @@ class RetryPolicy:
             if time.monotonic() + delay - start > self.deadline:
                 return
             yield delay
-
-
-NO_RETRY = RetryPolicy(attempts=1)
 
 
 def is_transient(error: GanetiError) -> bool:

@@ -11,10 +11,11 @@ import itertools
 import re
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FakeInstance", "FakeNode", "OpFailure", "parse_size"]
+__all__ = ["FakeInstance", "FakeNode", "OpFailure", "free_capacity", "parse_size"]
 
 _MAC_COUNTER = itertools.count(0x100000)
 
@@ -165,11 +166,22 @@ def instance_view(inst: FakeInstance, link: str) -> dict[str, Any]:
     }
 
 
+def free_capacity(node: FakeNode, instances: Iterable[FakeInstance]) -> tuple[int | None, int | None]:
+    """Free memory (running instances count) and disk on a node, in MiB; ``None`` when offline."""
+    if node.offline:
+        return None, None
+    used_memory = used_disk = 0
+    for inst in instances:
+        if inst.pnode == node.name:
+            used_memory += inst.memory if inst.oper_state else 0
+            used_disk += inst.disk_usage
+    return node.mtotal - node.mnode - used_memory, node.dtotal - used_disk
+
+
 def node_view(node: FakeNode, instances: list[FakeInstance], group_uuid: str) -> dict[str, Any]:
     """``GET /2/nodes?bulk=1`` items; capacity is ``null`` for an offline node, as Ganeti reports it."""
     mine = [inst for inst in instances if inst.pnode == node.name]
-    used_memory = sum(inst.memory for inst in mine if inst.oper_state)
-    used_disk = sum(inst.disk_usage for inst in mine)
+    mfree, dfree = free_capacity(node, mine)
     live = not node.offline
     return {
         "name": node.name,
@@ -177,12 +189,12 @@ def node_view(node: FakeNode, instances: list[FakeInstance], group_uuid: str) ->
         "master_candidate": node.master or not node.offline,
         "drained": node.drained,
         "dtotal": node.dtotal if live else None,
-        "dfree": node.dtotal - used_disk if live else None,
+        "dfree": dfree,
         "sptotal": None,
         "spfree": None,
         "mtotal": node.mtotal if live else None,
         "mnode": node.mnode if live else None,
-        "mfree": node.mtotal - node.mnode - used_memory if live else None,
+        "mfree": mfree,
         "pinst_cnt": len(mine),
         "sinst_cnt": 0,
         "ctotal": node.ctotal if live else None,

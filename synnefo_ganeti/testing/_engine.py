@@ -34,6 +34,7 @@ from synnefo_ganeti.testing._cluster import (
     FakeInstance,
     FakeNode,
     OpFailure,
+    free_capacity,
     instance_view,
     new_mac,
     node_view,
@@ -461,16 +462,16 @@ class FakeCluster:
         inst = self.instances.get(str(op.luxid.get("instance_name")))
         return inst.pnode if inst is not None else None
 
+    def _free(self, node: FakeNode) -> tuple[int | None, int | None]:
+        return free_capacity(node, self.instances.values())
+
     def _allocate(self, op: FakeOp) -> str | None:
         """Like an iallocator: the usable node with the most free memory, less what creates
         already placed there still hold (so a burst of creates spreads over the nodes)."""
-        views = {view["name"]: view for view in self.node_views()}
         usable = [n for n in self.nodes.values() if not n.offline and not n.drained and n.vm_capable]
         if not usable:
             return None
-        node = max(
-            usable, key=lambda n: ((views[n.name]["mfree"] or 0) - self._reserved.get(n.name, 0), n.name)
-        )
+        node = max(usable, key=lambda n: ((self._free(n)[0] or 0) - self._reserved.get(n.name, 0), n.name))
         beparams = op.luxid.get("beparams") or {}
         try:
             memory = parse_size("memory", beparams.get("memory", beparams.get("maxmem", 128)))
@@ -616,7 +617,6 @@ class FakeCluster:
                     "OpPrereqError", f"Cannot use drained primary node '{node.name}'", "wrong_state"
                 )
             return node
-        views = {view["name"]: view for view in self.node_views()}
         usable = [n for n in self.nodes.values() if not n.offline and not n.drained and n.vm_capable]
         if not usable:
             raise OpFailure(
@@ -625,7 +625,7 @@ class FakeCluster:
                 f"for instance {name}",
                 "insufficient_resources",
             )
-        return max(usable, key=lambda n: (views[n.name]["mfree"], n.name))
+        return max(usable, key=lambda n: (self._free(n)[0] or 0, n.name))
 
     def _check_policy(self, memory: int, vcpus: int, template: str, disks: list[dict[str, Any]]) -> None:
         problems = []
@@ -650,21 +650,21 @@ class FakeCluster:
     def _check_room(
         self, node: FakeNode, memory: int, disks: list[dict[str, Any]], template: str, name: str
     ) -> None:
-        view = next(v for v in self.node_views() if v["name"] == node.name)
-        if memory and view["mfree"] is not None and memory > view["mfree"]:
+        mfree, dfree = self._free(node)
+        if memory and mfree is not None and memory > mfree:
             raise OpFailure(
                 "OpPrereqError",
                 f"Not enough memory on node {node.name} for starting instance {name}: needed {memory} MiB, "
-                f"available {view['mfree']} MiB",
+                f"available {mfree} MiB",
                 "insufficient_resources",
                 prereq=False,
             )
         needed = 0 if template == "diskless" else sum(d["size"] for d in disks)
-        if needed and view["dfree"] is not None and needed > view["dfree"]:
+        if needed and dfree is not None and needed > dfree:
             raise OpFailure(
                 "OpPrereqError",
                 f"Not enough disk space on target node {node.name} vg xenvg: required {needed} MiB, available "
-                f"{view['dfree']} MiB",
+                f"{dfree} MiB",
                 "insufficient_resources",
                 prereq=False,
             )
