@@ -16,7 +16,8 @@ can catch everything with one ``except`` clause, or pick the branch it can act o
     │   └── RapiConnectionError     refused, reset or closed connection
     ├── ConfigError                 bad client settings (also ``ValueError``)
     ├── CreateOutcomeUnknownError   a create was sent, its fate could not be established
-    └── JobFailedError              a job ended in ``error``; ``.ecode`` as Ganeti gives it
+    ├── JobFailedError              a job ended in ``error``; ``.ecode`` as Ganeti gives it
+    └── StoreError                  the database is unreachable, locked, or at another schema
 
 Every message names the backend URL and what to do next. No message, log line or
 ``repr`` ever carries a password: errors are built from the URL (credentials are
@@ -42,6 +43,7 @@ __all__ = [
     "RapiConnectionError",
     "RapiError",
     "RapiTimeoutError",
+    "StoreError",
     "TLSError",
     "TransportError",
     "UnavailableError",
@@ -168,3 +170,10 @@ class JobFailedError(GanetiError):
     @property
     def ecode(self) -> str | None:
         return self.failure.ecode
+
+
+class StoreError(GanetiError):
+    """The database could not be used: unreachable, locked too long, or at another schema version.
+
+    ``url`` is the database URL with its password masked.
+    """

@@ -53,3 +53,66 @@ def testbed() -> Testbed:
 @pytest.fixture
 def project_root() -> Path:
     return Path(__file__).parent.parent
+
+
+# -- databases ---------------------------------------------------------------------------------------
+
+PG_ADMIN_URL = os.environ.get("SYNNEFO_GANETI_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _pg_admin(statement: str) -> None:
+    import asyncio
+
+    import asyncpg
+
+    async def run() -> None:
+        conn = await asyncpg.connect(PG_ADMIN_URL, timeout=5)
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+@pytest.fixture(scope="session")
+def postgres_available() -> None:
+    """PostgreSQL at SYNNEFO_GANETI_TEST_PG (default: 127.0.0.1:5432, user postgres, trust)."""
+    try:
+        _pg_admin("SELECT 1")
+    except (OSError, Exception) as exc:
+        problem = (
+            f"no PostgreSQL at {PG_ADMIN_URL.split('@')[-1]} ({type(exc).__name__}: {exc}); start it with "
+            "'pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start'"
+        )
+        if IN_CI:
+            pytest.fail(f"CI must run the PostgreSQL tests: {problem}")
+        pytest.skip(problem)
+
+
+@pytest.fixture
+def make_pg_url(postgres_available: None):
+    """Makes fresh, empty PostgreSQL databases (dropped after the test); returns their URLs."""
+    import uuid
+
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"sg_test_{uuid.uuid4().hex[:12]}"
+        _pg_admin(f'CREATE DATABASE "{name}"')
+        made.append(name)
+        return PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+
+    yield make
+    for name in made:
+        _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database of each kind: SQLite in a temporary file, and PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    make = request.getfixturevalue("make_pg_url")
+    url: str = make()
+    return url

@@ -14,6 +14,7 @@ from synnefo_ganeti.jobs._files import (
     parse_job_file,
 )
 from synnefo_ganeti.jobs._status import FINAL_STATUSES, JobStatus, calc_job_status
+from synnefo_ganeti.jobs._summary import JobSummary, OpSummary, VersionKey
 
 __all__ = [
     "FINAL_STATUSES",
@@ -22,8 +23,11 @@ __all__ = [
     "JobFile",
     "JobFileError",
     "JobStatus",
+    "JobSummary",
     "LogLine",
     "OpState",
+    "OpSummary",
+    "VersionKey",
     "calc_job_status",
     "job_events",
     "parse_job_file",

@@ -13,9 +13,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from synnefo_ganeti.jobs._status import JobStatus, calc_job_status
+
+if TYPE_CHECKING:
+    from synnefo_ganeti.jobs._summary import JobSummary
 
 __all__ = [
     "EventKind",
@@ -154,10 +159,12 @@ def parse_job_file(data: bytes) -> JobFile:
     if len(data) > MAX_JOB_FILE_BYTES:
         raise JobFileError(f"{len(data)} bytes, more than the {MAX_JOB_FILE_BYTES} a job file may have")
     try:
-        raw = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise JobFileError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            raise JobFileError(f"not UTF-8 ({bad.reason} at byte {bad.start})") from None
         raise JobFileError(
             f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); truncated?"
         ) from None
@@ -224,13 +231,14 @@ def _job_time(job: JobFile, events: list[JobEvent]) -> float | None:
     return job.received_time if job.status is JobStatus.QUEUED else job.start_time
 
 
-def job_events(previous: JobFile | None, current: JobFile) -> list[JobEvent]:
+def job_events(previous: JobFile | JobSummary | None, current: JobFile) -> list[JobEvent]:
     """The changes from ``previous`` (None: never seen) to ``current``, in the order they happened.
 
     Per op: its status if it changed to a non-final one, then its new log lines, then its
     status if it became final; the ops' events merged in time order; last, the job's status
     if it changed, at the time of the latest op change behind it (or the job's end).
     An op going ``running -> waiting`` (a lock retry) is a change like any other.
+    ``previous`` may be the :class:`JobSummary` the store kept of it.
     """
     if previous is not None and previous.job_id != current.job_id:
         raise ValueError(f"job {previous.job_id} and job {current.job_id} are different jobs")

@@ -1,0 +1,37 @@
+"""The job store: SQLAlchemy 2 async over SQLite (embedded default) or PostgreSQL (production).
+
+``async with Store(url) as store:`` opens it (creating the schema in an empty
+database); :meth:`Store.put` queues job-file versions for its one batching writer;
+:meth:`Store.get_job`, :meth:`Store.list_jobs` and :meth:`Store.events` read.
+"""
+
+from __future__ import annotations
+
+from synnefo_ganeti.store._migrate import current_revision, head_revision, upgrade
+from synnefo_ganeti.store._store import (
+    CommitInfo,
+    JobVersion,
+    PruneResult,
+    Store,
+    StoredEvent,
+    StoredJob,
+    StoredOp,
+    WriterStats,
+)
+from synnefo_ganeti.store._urls import display_url, normalize_url
+
+__all__ = [
+    "CommitInfo",
+    "JobVersion",
+    "PruneResult",
+    "Store",
+    "StoredEvent",
+    "StoredJob",
+    "StoredOp",
+    "WriterStats",
+    "current_revision",
+    "display_url",
+    "head_revision",
+    "normalize_url",
+    "upgrade",
+]

@@ -1,0 +1,73 @@
+"""Alembic, driven from code: where the migrations are, which revision a database is at, upgrading it.
+
+The migrations live in the project's top-level ``alembic/`` folder; the wheel ships
+that folder as ``synnefo_ganeti/_alembic`` so that ``synnefo-ganeti db upgrade``
+works from an installed package (an editable install or a checkout uses
+``alembic/`` itself).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from synnefo_ganeti.errors import StoreError
+
+__all__ = ["alembic_config", "current_revision", "head_revision", "script_location", "upgrade"]
+
+
+@cache
+def script_location() -> Path:
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_alembic", package.parent / "alembic"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise StoreError(
+        f"the database migrations are missing (looked in {package / '_alembic'} and "
+        f"{package.parent / 'alembic'}); reinstall synnefo-ganeti"
+    )
+
+
+def alembic_config(url: URL | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(script_location()))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", url.render_as_string(hide_password=False).replace("%", "%%"))
+    return config
+
+
+@cache
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise StoreError(f"no migrations in {script_location()}; reinstall synnefo-ganeti")
+    return head
+
+
+def _current(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    """The revision the database is at; None for a database without our tables."""
+    async with engine.connect() as connection:
+        return await connection.run_sync(_current)
+
+
+def _upgrade(connection: Connection, config: Config, revision: str) -> None:
+    config.attributes["connection"] = connection
+    command.upgrade(config, revision)
+
+
+async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+    """Bring the database to ``revision`` (by default the latest), in one transaction."""
+    async with engine.begin() as connection:
+        await connection.run_sync(_upgrade, alembic_config(), revision)

@@ -1,0 +1,147 @@
+"""The database model: backends, instances, jobs (with their ops) and job events.
+
+Declared with SQLAlchemy 2's typed declarative mapping; the store writes through
+Core statements on these tables (bulk, one transaction per batch). Alembic's
+migrations (``alembic/versions``) create exactly this; a test compares the two.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+__all__ = ["Backend", "Base", "Instance", "Job", "JobEventRow", "UTCDateTime", "metadata"]
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL gets a bigint identity.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in and out; SQLite, which keeps no zone, stores them as naive UTC."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the store keeps aware UTC datetimes")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+metadata = Base.metadata
+
+
+class Backend(Base):
+    """One Ganeti cluster, known by the name the configuration gives it."""
+
+    __tablename__ = "backends"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime]
+
+
+class Instance(Base):
+    """A virtual machine this control plane knows of (its state follows job events)."""
+
+    __tablename__ = "instances"
+    __table_args__ = (UniqueConstraint("backend_id", "name"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    backend_id: Mapped[int] = mapped_column(ForeignKey("backends.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Job(Base):
+    """The last applied version of one Ganeti job.
+
+    ``summary`` is what later versions are compared with (exact floats, see
+    :class:`synnefo_ganeti.jobs.JobSummary`); ``ops`` the ops as the CLI shows them;
+    ``revision`` counts applied versions and ``event_count`` the events stored.
+    """
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_status_ended_at", "status", "ended_at"),)
+
+    backend_id: Mapped[int] = mapped_column(ForeignKey("backends.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    status: Mapped[str] = mapped_column(String(16))
+    instance: Mapped[str | None] = mapped_column(String(255), index=True)
+    ops: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    summary: Mapped[dict[str, Any]]
+    received_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    revision: Mapped[int] = mapped_column(Integer)
+    event_count: Mapped[int] = mapped_column(Integer)
+    first_seen_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class JobEventRow(Base):
+    """One change between two versions of a job file: a job status, an op status or a log entry."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (
+        UniqueConstraint("backend_id", "job_id", "seq"),
+        ForeignKeyConstraint(
+            ["backend_id", "job_id"], ["jobs.backend_id", "jobs.job_id"], ondelete="CASCADE"
+        ),
+        Index("ix_job_events_stored_at", "stored_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    backend_id: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[int] = mapped_column(BigInteger)
+    seq: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    op_index: Mapped[int | None] = mapped_column(Integer)
+    op_id: Mapped[str | None] = mapped_column(String(64))
+    instance: Mapped[str | None] = mapped_column(String(255))
+    log_serial: Mapped[int | None] = mapped_column(Integer)
+    log_message: Mapped[str | None] = mapped_column(Text)
+    event_time: Mapped[datetime | None]
+    stored_at: Mapped[datetime]

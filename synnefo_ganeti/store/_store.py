@@ -1,0 +1,1000 @@
+"""The store: one database (SQLite or PostgreSQL), one batching writer task, and the readers.
+
+Writes go through :meth:`Store.put` into a bounded queue; one writer task takes what
+is there (up to ``batch_size`` versions), and applies it in one transaction:
+
+* it reads what the database holds of those jobs (inside the transaction, so two
+  processes writing the same database serialise: SQLite ``BEGIN IMMEDIATE``,
+  PostgreSQL a transaction-scoped advisory lock, which also makes event ids commit
+  in order so that a reader following ids never skips one);
+* for each version in the order it was read, it keeps it only if it supersedes the
+  stored one (:meth:`synnefo_ganeti.jobs.JobSummary.supersedes`: not the same, not
+  older, never over a final state), and stores the events between the two;
+* the job rows and the events go in with a few bulk statements, then one commit.
+
+A database that goes away (restart, network) makes the writer retry with backoff,
+holding what it has; :meth:`Store.put` blocks when the queue is full, which slows
+the watcher down rather than losing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Self, cast
+
+import orjson
+from sqlalchemy import Row, Table, and_, bindparam, delete, event, exists, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.expression import Executable
+
+from synnefo_ganeti import metrics
+from synnefo_ganeti.errors import StoreError
+from synnefo_ganeti.jobs import EventKind, JobFile, JobStatus, JobSummary, job_events
+from synnefo_ganeti.store import _migrate
+from synnefo_ganeti.store._schema import Backend, Job, JobEventRow
+from synnefo_ganeti.store._urls import display_url, normalize_url
+
+__all__ = [
+    "CommitInfo",
+    "JobVersion",
+    "PruneResult",
+    "Store",
+    "StoredEvent",
+    "StoredJob",
+    "StoredOp",
+    "WriterStats",
+]
+
+log = logging.getLogger("synnefo_ganeti.store")
+
+NOTIFY_CHANNEL = "synnefo_ganeti_events"
+# pg_advisory_xact_lock key of the writers: "sg-write" as an int64
+_WRITE_LOCK_KEY = int.from_bytes(b"sg-write", "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+jobs_t = cast(Table, Job.__table__)
+events_t = cast(Table, JobEventRow.__table__)
+backends_t = cast(Table, Backend.__table__)
+
+
+def _dt(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredOp:
+    index: int
+    op_id: str
+    status: JobStatus
+    instance: str | None
+    start_time: datetime | None
+    exec_time: datetime | None
+    end_time: datetime | None
+    error: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "op_id": self.op_id,
+            "status": self.status.value,
+            "instance": self.instance,
+            "start_time": _iso(self.start_time),
+            "exec_time": _iso(self.exec_time),
+            "end_time": _iso(self.end_time),
+            "error": self.error,
+        }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class StoredJob:
+    """A job as the database holds it: its last applied version."""
+
+    backend: str
+    job_id: int
+    status: JobStatus
+    instance: str | None
+    ops: tuple[StoredOp, ...]
+    received_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    archived: bool
+    revision: int
+    event_count: int
+    first_seen_at: datetime
+    updated_at: datetime
+
+    @property
+    def is_final(self) -> bool:
+        return self.status.is_final
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "job_id": self.job_id,
+            "status": self.status.value,
+            "instance": self.instance,
+            "ops": [op.to_json() for op in self.ops],
+            "received_at": _iso(self.received_at),
+            "started_at": _iso(self.started_at),
+            "ended_at": _iso(self.ended_at),
+            "archived": self.archived,
+            "revision": self.revision,
+            "event_count": self.event_count,
+            "first_seen_at": _iso(self.first_seen_at),
+            "updated_at": _iso(self.updated_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One stored job event, as a Synnefo-style consumer reads it."""
+
+    id: int
+    backend: str
+    job_id: int
+    seq: int
+    kind: EventKind
+    status: JobStatus
+    op_index: int | None
+    op_id: str | None
+    instance: str | None
+    log_serial: int | None
+    log_message: str | None
+    event_time: datetime | None
+    stored_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "backend": self.backend,
+            "job_id": self.job_id,
+            "seq": self.seq,
+            "kind": self.kind.value,
+            "status": self.status.value,
+            "op_index": self.op_index,
+            "op_id": self.op_id,
+            "instance": self.instance,
+            "log_serial": self.log_serial,
+            "log_message": self.log_message,
+            "event_time": _iso(self.event_time),
+            "stored_at": _iso(self.stored_at),
+        }
+
+
+@dataclass(slots=True)
+class JobVersion:
+    """One version of a job file as the watcher read it, on its way to the writer."""
+
+    backend: str
+    job: JobFile
+    archived: bool = False
+    #: time.time() when it was read (the writer reports the lag from it)
+    read_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitInfo:
+    """What one writer transaction did; given to :attr:`Store.on_commit` listeners."""
+
+    versions: int
+    applied: tuple[tuple[str, JobSummary], ...]
+    skipped: int
+    events: int
+    committed_at: float
+    oldest_read_at: float
+
+
+@dataclass(slots=True)
+class WriterStats:
+    versions: int = 0
+    applied: int = 0
+    skipped: int = 0
+    older: int = 0
+    events: int = 0
+    batches: int = 0
+    retries: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    events: int
+    jobs: int
+
+
+_Pending = JobVersion | None
+
+
+class Store:
+    """``async with Store(url) as store:`` the job store of one database.
+
+    ``create``: a database without our tables is migrated to the latest revision
+    on open (a database at an older revision is refused with the command that
+    upgrades it). Everything written goes through one writer task per Store.
+    """
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        create: bool = True,
+        busy_timeout: float = 30.0,
+        batch_size: int = 1000,
+        queue_size: int = 20_000,
+        poll_interval: float = 0.5,
+    ) -> None:
+        self.url = normalize_url(url)
+        self.display_url = display_url(self.url)
+        self.dialect = "sqlite" if self.url.drivername.startswith("sqlite") else "postgresql"
+        self.create = create
+        self.busy_timeout = busy_timeout
+        self.batch_size = batch_size
+        self.poll_interval = poll_interval
+        self.stats = WriterStats()
+        #: called after each commit of the writer (in the writer task; keep them quick)
+        self.on_commit: list[Callable[[CommitInfo], None]] = []
+        self._queue_size = queue_size
+        self._engine: AsyncEngine | None = None
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._backend_ids: dict[str, int] = {}
+        self._backend_names: dict[int, str] = {}
+        self._wakeup = asyncio.Event()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<Store {self.display_url}>"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def engine(self) -> AsyncEngine:
+        if self._engine is None:
+            raise RuntimeError("the store is not open: use 'async with Store(url) as store'")
+        return self._engine
+
+    def _make_engine(self) -> AsyncEngine:
+        json_options: dict[str, Any] = {
+            "json_serializer": lambda value: orjson.dumps(value).decode(),
+            "json_deserializer": orjson.loads,
+        }
+        if self.dialect == "sqlite":
+            memory = self.url.database in (None, "", ":memory:")
+            engine = create_async_engine(
+                self.url,
+                connect_args={"timeout": self.busy_timeout},
+                poolclass=StaticPool if memory else None,
+                **json_options,
+            )
+
+            @event.listens_for(engine.sync_engine, "connect")
+            def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+                # Transactions are ours to begin (below), not the sqlite3 module's.
+                dbapi_connection.isolation_level = None
+                cursor = dbapi_connection.cursor()
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA synchronous=NORMAL")
+                cursor.execute("PRAGMA foreign_keys=ON")
+                cursor.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+                cursor.close()
+
+            @event.listens_for(engine.sync_engine, "begin")
+            def _on_begin(connection: Any) -> None:
+                # The writer takes the write lock up front, so that what it reads stays true
+                # until it commits; readers take none.
+                immediate = connection.get_execution_options().get("sqlite_immediate", False)
+                connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+            return engine
+        return create_async_engine(
+            self.url,
+            pool_size=5,
+            max_overflow=5,
+            pool_pre_ping=True,
+            connect_args={"timeout": self.busy_timeout, "command_timeout": 300},
+            **json_options,
+        )
+
+    async def open(self) -> None:
+        if self._engine is not None:
+            return
+        if self.dialect == "sqlite":
+            self._check_sqlite_folder()
+        self._engine = self._make_engine()
+        try:
+            await self._check_schema()
+        except BaseException:
+            await self._engine.dispose()
+            self._engine = None
+            raise
+        self._queue = asyncio.Queue(self._queue_size)
+        self._writer = asyncio.create_task(self._write_loop(), name=f"store-writer {self.display_url}")
+
+    def _check_sqlite_folder(self) -> None:
+        if self.url.database in (None, "", ":memory:"):
+            return
+        parent = os.path.dirname(os.path.abspath(os.path.expanduser(self.url.database or "")))
+        if not os.path.isdir(parent):
+            raise StoreError(
+                f"cannot open database {self.display_url}: folder {parent} does not exist",
+                url=self.display_url,
+            )
+
+    async def _check_schema(self) -> None:
+        try:
+            current = await _migrate.current_revision(self.engine)
+        except (SQLAlchemyError, OSError) as exc:
+            raise self._error("cannot open", exc) from None
+        head = _migrate.head_revision()
+        if current == head:
+            return
+        if current is None and self.create:
+            log.info("creating the schema in %s", self.display_url)
+            try:
+                await _migrate.upgrade(self.engine)
+            except (SQLAlchemyError, OSError) as exc:
+                raise self._error("cannot create the schema in", exc) from None
+            return
+        if current is None:
+            raise StoreError(
+                f"database {self.display_url} has no synnefo-ganeti tables; run "
+                f"'synnefo-ganeti db upgrade --db URL' first",
+                url=self.display_url,
+            )
+        raise StoreError(
+            f"database {self.display_url} is at schema revision {current}, this version of "
+            f"synnefo-ganeti needs {head}; run 'synnefo-ganeti db upgrade --db URL'"
+            " (or install the version that made it)",
+            url=self.display_url,
+        )
+
+    def _error(self, what: str, exc: BaseException) -> StoreError:
+        return StoreError(f"{what} database {self.display_url}: {_reason(exc)}", url=self.display_url)
+
+    async def close(self, *, flush_timeout: float = 30.0) -> None:
+        """Store what is queued (waiting up to ``flush_timeout`` for the database), then close."""
+        if self._engine is None or self._closed:
+            return
+        self._closed = True
+        if self._writer is not None and self._queue is not None:
+            left = self._queue.qsize()
+            try:
+                await asyncio.wait_for(self._stop_writer(), flush_timeout)
+            except TimeoutError:
+                log.error(
+                    "database %s: %d job versions not stored when closing (the watcher reads them "
+                    "again from the queue directory on its next start)",
+                    self.display_url,
+                    left,
+                )
+                self._writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._writer
+        await self._engine.dispose()
+        self._engine = None
+
+    async def _stop_writer(self) -> None:
+        assert self._queue is not None and self._writer is not None
+        await self._queue.put(None)
+        await asyncio.shield(self._writer)
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    async def put(self, version: JobVersion) -> None:
+        """Queue one version for the writer; waits while the queue is full."""
+        if self._queue is None or self._closed:
+            raise RuntimeError("the store is not open")
+        if self._writer is not None and self._writer.done():
+            self._writer.result()  # the writer died: say why
+        await self._queue.put(version)
+
+    async def record(self, backend: str, job: JobFile, *, archived: bool = False) -> None:
+        """Store one version and wait until it is committed (a convenience for one-off writes)."""
+        await self.put(JobVersion(backend, job, archived))
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is committed."""
+        if self._queue is not None:
+            await self._queue.join()
+
+    @property
+    def pending(self) -> int:
+        return 0 if self._queue is None else self._queue.qsize()
+
+    async def _write_loop(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        stopping = False
+        while not stopping:
+            first = await queue.get()
+            batch: list[JobVersion] = []
+            taken = 1
+            if first is None:
+                stopping = True
+            else:
+                batch.append(first)
+            while len(batch) < self.batch_size and not stopping:
+                try:
+                    item = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+                taken += 1
+                if item is None:
+                    stopping = True
+                else:
+                    batch.append(item)
+            try:
+                if batch:
+                    await self._write_with_retry(batch)
+            finally:
+                for _ in range(taken):
+                    queue.task_done()
+
+    async def _write_with_retry(self, batch: list[JobVersion]) -> None:
+        delay = 0.05
+        down_since: float | None = None
+        conflicts = 0
+        while True:
+            try:
+                await self._write(batch)
+            except IntegrityError as exc:
+                # Another process stored the same job between our read and our write;
+                # reading again inside a new transaction settles it.
+                conflicts += 1
+                self.stats.retries += 1
+                metrics.STORE_WRITE_RETRIES.inc()
+                if conflicts > 5:
+                    raise self._error("repeated conflicts writing to", exc) from None
+                continue
+            except (DBAPIError, OSError, TimeoutError, ConnectionError) as exc:
+                self.stats.retries += 1
+                metrics.STORE_WRITE_RETRIES.inc()
+                if down_since is None:
+                    down_since = time.monotonic()
+                    log.warning(
+                        "database %s unavailable (%s); holding %d job versions and retrying",
+                        self.display_url,
+                        _reason(exc),
+                        len(batch) + self.pending,
+                    )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if down_since is not None:
+                log.warning(
+                    "database %s is back after %.1f s; writing resumed",
+                    self.display_url,
+                    time.monotonic() - down_since,
+                )
+            return
+
+    async def _ensure_backends(self, names: Iterable[str]) -> None:
+        missing = sorted({name for name in names if name not in self._backend_ids})
+        if not missing:
+            return
+        async with self.engine.begin() as conn:
+            rows = await conn.execute(
+                select(backends_t.c.id, backends_t.c.name).where(backends_t.c.name.in_(missing))
+            )
+            found = {row.name: row.id for row in rows}
+            now = datetime.now(UTC)
+            for name in missing:
+                if name not in found:
+                    statement: Executable
+                    if self.dialect == "postgresql":
+                        statement = pg_insert(backends_t).on_conflict_do_nothing(index_elements=["name"])
+                    else:
+                        statement = sqlite_insert(backends_t).on_conflict_do_nothing(index_elements=["name"])
+                    await conn.execute(statement, {"name": name, "created_at": now})
+            rows = await conn.execute(
+                select(backends_t.c.id, backends_t.c.name).where(backends_t.c.name.in_(missing))
+            )
+            for row in rows:
+                self._backend_ids[row.name] = row.id
+                self._backend_names[row.id] = row.name
+
+    async def ensure_backend(self, name: str) -> int:
+        """The id of backend ``name``, creating its row if needed."""
+        await self._ensure_backends([name])
+        return self._backend_ids[name]
+
+    async def _begin_write(self, conn: AsyncConnection) -> AsyncConnection:
+        if self.dialect == "sqlite":
+            conn = await conn.execution_options(sqlite_immediate=True)
+        await conn.begin()
+        if self.dialect == "postgresql":
+            await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _WRITE_LOCK_KEY})
+        return conn
+
+    async def _write(self, batch: list[JobVersion]) -> None:
+        await self._ensure_backends(version.backend for version in batch)
+        grouped: dict[int, dict[int, list[JobVersion]]] = {}
+        for version in batch:
+            per_job = grouped.setdefault(self._backend_ids[version.backend], {})
+            per_job.setdefault(version.job.job_id, []).append(version)
+
+        now = datetime.now(UTC)
+        inserts: list[dict[str, Any]] = []
+        updates: list[dict[str, Any]] = []
+        archive_only: list[dict[str, Any]] = []
+        event_rows: list[dict[str, Any]] = []
+        applied: list[tuple[str, JobSummary]] = []
+        skipped = older = 0
+        async with self.engine.connect() as conn:
+            conn = await self._begin_write(conn)
+            for backend_id, jobs in grouped.items():
+                backend = self._backend_names[backend_id]
+                stored: dict[int, Any] = {}
+                ids = list(jobs)
+                for start in range(0, len(ids), 500):
+                    rows = await conn.execute(
+                        select(
+                            jobs_t.c.job_id,
+                            jobs_t.c.summary,
+                            jobs_t.c.revision,
+                            jobs_t.c.event_count,
+                            jobs_t.c.archived,
+                        ).where(
+                            jobs_t.c.backend_id == backend_id, jobs_t.c.job_id.in_(ids[start : start + 500])
+                        )
+                    )
+                    stored.update((row.job_id, row) for row in rows)
+                for job_id, versions in jobs.items():
+                    row = stored.get(job_id)
+                    summary = JobSummary.from_json(row.summary) if row is not None else None
+                    count = row.event_count if row is not None else 0
+                    was_archived = bool(row.archived) if row is not None else False
+                    archived = was_archived
+                    last: JobFile | None = None
+                    revisions = 0
+                    for version in versions:
+                        archived = archived or version.archived
+                        current = JobSummary.of(version.job)
+                        if not current.supersedes(summary):
+                            skipped += 1
+                            if summary is not None and current != summary:
+                                older += 1
+                                log.debug(
+                                    "job %s/%s: an older version arrived late, ignored", backend, job_id
+                                )
+                            continue
+                        for change in job_events(summary, version.job):
+                            count += 1
+                            event_rows.append(
+                                {
+                                    "backend_id": backend_id,
+                                    "job_id": job_id,
+                                    "seq": count,
+                                    "kind": change.kind.value,
+                                    "status": change.status.value,
+                                    "op_index": change.op_index,
+                                    "op_id": change.op_id,
+                                    "instance": change.instance,
+                                    "log_serial": change.log_serial,
+                                    "log_message": change.log_message,
+                                    "event_time": _dt(change.event_time),
+                                    "stored_at": now,
+                                }
+                            )
+                        summary = current
+                        last = version.job
+                        revisions += 1
+                        applied.append((backend, current))
+                    if last is not None and summary is not None:
+                        values = _job_values(summary, archived=archived, now=now)
+                        values["event_count"] = count
+                        if row is None:
+                            values.update(
+                                backend_id=backend_id, job_id=job_id, revision=revisions, first_seen_at=now
+                            )
+                            inserts.append(values)
+                        else:
+                            values.update(
+                                b_backend_id=backend_id, b_job_id=job_id, revision=row.revision + revisions
+                            )
+                            updates.append(values)
+                    elif archived and not was_archived and row is not None:
+                        archive_only.append(
+                            {"b_backend_id": backend_id, "b_job_id": job_id, "archived": True}
+                        )
+            if inserts:
+                await conn.execute(insert(jobs_t), inserts)
+            if updates:
+                await conn.execute(_UPDATE_JOB, updates)
+            if archive_only:
+                await conn.execute(_ARCHIVE_JOB, archive_only)
+            if event_rows:
+                await conn.execute(insert(events_t), event_rows)
+                if self.dialect == "postgresql":
+                    await conn.execute(text("SELECT pg_notify(:channel, '')"), {"channel": NOTIFY_CHANNEL})
+            await conn.commit()
+        stats = self.stats
+        stats.versions += len(batch)
+        stats.applied += len(applied)
+        stats.skipped += skipped
+        stats.older += older
+        stats.events += len(event_rows)
+        stats.batches += 1
+        metrics.STORE_VERSIONS.labels("applied").inc(len(applied))
+        metrics.STORE_VERSIONS.labels("skipped").inc(skipped)
+        metrics.STORE_EVENTS.inc(len(event_rows))
+        metrics.STORE_PENDING.set(self.pending)
+        committed_at = time.time()
+        for version in batch:
+            metrics.WATCH_LAG.observe(committed_at - version.read_at)
+        if event_rows:
+            self._wake()
+        if self.on_commit:
+            info = CommitInfo(
+                versions=len(batch),
+                applied=tuple(applied),
+                skipped=skipped,
+                events=len(event_rows),
+                committed_at=committed_at,
+                oldest_read_at=min(version.read_at for version in batch),
+            )
+            for listener in self.on_commit:
+                listener(info)
+
+    def _wake(self) -> None:
+        wakeup, self._wakeup = self._wakeup, asyncio.Event()
+        wakeup.set()
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    async def _names(self, conn: AsyncConnection) -> dict[int, str]:
+        rows = await conn.execute(select(backends_t.c.id, backends_t.c.name))
+        for row in rows:
+            self._backend_names[row.id] = row.name
+            self._backend_ids[row.name] = row.id
+        return self._backend_names
+
+    async def _read(self, fn: Callable[[AsyncConnection], Any]) -> Any:
+        try:
+            async with self.engine.connect() as conn:
+                return await fn(conn)
+        except (DBAPIError, OSError) as exc:
+            raise self._error("cannot read from", exc) from None
+
+    async def backends(self) -> list[str]:
+        async def run(conn: AsyncConnection) -> list[str]:
+            return sorted((await self._names(conn)).values())
+
+        result: list[str] = await self._read(run)
+        return result
+
+    async def get_job(self, backend: str, job_id: int) -> StoredJob | None:
+        """The stored job, or None if the database has never seen it."""
+        jobs = await self.list_jobs(backend=backend, job_id=job_id)
+        return jobs[0] if jobs else None
+
+    async def list_jobs(
+        self,
+        *,
+        backend: str | None = None,
+        job_id: int | None = None,
+        status: Iterable[JobStatus | str] | None = None,
+        instance: str | None = None,
+        limit: int | None = None,
+    ) -> list[StoredJob]:
+        """Stored jobs ordered by backend name and job id; every one unless filters or ``limit`` say."""
+
+        async def run(conn: AsyncConnection) -> list[StoredJob]:
+            names = await self._names(conn)
+            query = (
+                select(jobs_t, backends_t.c.name.label("backend"))
+                .join(backends_t, backends_t.c.id == jobs_t.c.backend_id)
+                .order_by(backends_t.c.name, jobs_t.c.job_id)
+            )
+            if backend is not None:
+                query = query.where(backends_t.c.name == backend)
+            if job_id is not None:
+                query = query.where(jobs_t.c.job_id == job_id)
+            if status is not None:
+                query = query.where(jobs_t.c.status.in_([JobStatus(s).value for s in status]))
+            if instance is not None:
+                query = query.where(jobs_t.c.instance == instance)
+            if limit is not None:
+                query = query.limit(limit)
+            del names
+            return [_stored_job(row) for row in await conn.execute(query)]
+
+        result: list[StoredJob] = await self._read(run)
+        return result
+
+    async def archived_final_job_ids(self, backend: str) -> set[int]:
+        """Ids of this backend's jobs stored as final and seen in the archive (a rescan skips them)."""
+
+        async def run(conn: AsyncConnection) -> set[int]:
+            final = [status.value for status in JobStatus if status.is_final]
+            query = (
+                select(jobs_t.c.job_id)
+                .join(backends_t, backends_t.c.id == jobs_t.c.backend_id)
+                .where(backends_t.c.name == backend, jobs_t.c.archived, jobs_t.c.status.in_(final))
+            )
+            return {row.job_id for row in await conn.execute(query)}
+
+        result: set[int] = await self._read(run)
+        return result
+
+    async def count_jobs(self, *, backend: str | None = None) -> int:
+        async def run(conn: AsyncConnection) -> int:
+            query = select(func.count()).select_from(jobs_t)
+            if backend is not None:
+                query = query.join(backends_t, backends_t.c.id == jobs_t.c.backend_id).where(
+                    backends_t.c.name == backend
+                )
+            return int((await conn.execute(query)).scalar_one())
+
+        result: int = await self._read(run)
+        return result
+
+    async def list_events(
+        self,
+        *,
+        since: int | datetime = 0,
+        backend: str | None = None,
+        job_id: int | None = None,
+        limit: int | None = 1000,
+    ) -> list[StoredEvent]:
+        """Stored events after event id ``since`` (or stored at/after a datetime), in id order."""
+
+        async def run(conn: AsyncConnection) -> list[StoredEvent]:
+            names = await self._names(conn)
+            query = select(events_t).order_by(events_t.c.id)
+            if isinstance(since, datetime):
+                query = query.where(events_t.c.stored_at >= since)
+            else:
+                query = query.where(events_t.c.id > since)
+            if backend is not None:
+                backend_id = next((i for i, n in names.items() if n == backend), None)
+                if backend_id is None:
+                    return []
+                query = query.where(events_t.c.backend_id == backend_id)
+            if job_id is not None:
+                query = query.where(events_t.c.job_id == job_id)
+            if limit is not None:
+                query = query.limit(limit)
+            rows = (await conn.execute(query)).all()
+            if any(row.backend_id not in names for row in rows):
+                names = await self._names(conn)
+            return [_stored_event(row, names) for row in rows]
+
+        result: list[StoredEvent] = await self._read(run)
+        return result
+
+    async def events(
+        self,
+        since: int | datetime = 0,
+        *,
+        backend: str | None = None,
+        job_id: int | None = None,
+        follow: bool = True,
+    ) -> AsyncIterator[StoredEvent]:
+        """Every stored event after ``since``, in the order stored; with ``follow``, forever.
+
+        ``since`` is an event id (the ``id`` of the last event the caller has) or a
+        datetime. Waiting for new events: this process's writer wakes the iterator
+        at once; on PostgreSQL, LISTEN/NOTIFY wakes it for every writer's commit; on
+        SQLite, other processes' commits are seen within ``poll_interval``.
+        """
+        cursor: int | datetime = since
+        async with contextlib.AsyncExitStack() as stack:
+            notified: asyncio.Event | None = None
+            if follow and self.dialect == "postgresql":
+                notified = await stack.enter_async_context(self._listen())
+            while True:
+                wakeup = self._wakeup
+                if notified is not None:
+                    notified.clear()
+                batch = await self.list_events(since=cursor, backend=backend, job_id=job_id, limit=1000)
+                for stored in batch:
+                    yield stored
+                if batch:
+                    cursor = batch[-1].id
+                    continue
+                if isinstance(cursor, datetime):
+                    cursor = await self._last_event_id_before(cursor)
+                if not follow:
+                    return
+                waiters = [asyncio.ensure_future(wakeup.wait())]
+                if notified is not None:
+                    waiters.append(asyncio.ensure_future(notified.wait()))
+                timeout = 30.0 if notified is not None else self.poll_interval
+                try:
+                    await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for waiter in waiters:
+                        waiter.cancel()
+
+    async def _last_event_id_before(self, when: datetime) -> int:
+        async def run(conn: AsyncConnection) -> int:
+            value = (
+                await conn.execute(select(func.max(events_t.c.id)).where(events_t.c.stored_at < when))
+            ).scalar()
+            return int(value or 0)
+
+        result: int = await self._read(run)
+        return result
+
+    @contextlib.asynccontextmanager
+    async def _listen(self) -> AsyncIterator[asyncio.Event]:
+        notified = asyncio.Event()
+
+        def on_notify(*_args: object) -> None:
+            notified.set()
+
+        async with self.engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            assert driver is not None
+            await driver.add_listener(NOTIFY_CHANNEL, on_notify)
+            try:
+                yield notified
+            finally:
+                with contextlib.suppress(Exception):
+                    await driver.remove_listener(NOTIFY_CHANNEL, on_notify)
+
+    # -- retention -------------------------------------------------------------------------------
+
+    async def prune(self, older_than: timedelta) -> PruneResult:
+        """Delete jobs that ended more than ``older_than`` ago (with their events), and the
+        events of other ended jobs stored before then. Unfinished jobs and their events stay."""
+        if older_than < timedelta(0):
+            raise ValueError("older_than must not be negative")
+        cutoff = datetime.now(UTC) - older_than
+        final = [status.value for status in JobStatus if status.is_final]
+        try:
+            async with self.engine.connect() as conn:
+                conn = await self._begin_write(conn)
+                ended = and_(
+                    jobs_t.c.status.in_(final), jobs_t.c.ended_at < cutoff, jobs_t.c.updated_at < cutoff
+                )
+                old_jobs = select(jobs_t.c.backend_id, jobs_t.c.job_id).where(ended)
+                job_count = len((await conn.execute(old_jobs)).all())
+                events_of_old = (
+                    await conn.execute(
+                        delete(events_t).where(
+                            exists()
+                            .where(jobs_t.c.backend_id == events_t.c.backend_id)
+                            .where(jobs_t.c.job_id == events_t.c.job_id)
+                            .where(
+                                jobs_t.c.status.in_(final),
+                                events_t.c.stored_at < cutoff,
+                            )
+                        )
+                    )
+                ).rowcount
+                await conn.execute(delete(jobs_t).where(ended))
+                await conn.commit()
+        except (DBAPIError, OSError) as exc:
+            raise self._error("cannot prune", exc) from None
+        return PruneResult(events=int(events_of_old or 0), jobs=job_count)
+
+
+_UPDATE_JOB = (
+    update(jobs_t)
+    .where(jobs_t.c.backend_id == bindparam("b_backend_id"), jobs_t.c.job_id == bindparam("b_job_id"))
+    .values(
+        status=bindparam("status"),
+        instance=bindparam("instance"),
+        ops=bindparam("ops"),
+        summary=bindparam("summary"),
+        received_at=bindparam("received_at"),
+        started_at=bindparam("started_at"),
+        ended_at=bindparam("ended_at"),
+        archived=bindparam("archived"),
+        revision=bindparam("revision"),
+        event_count=bindparam("event_count"),
+        updated_at=bindparam("updated_at"),
+    )
+)
+
+_ARCHIVE_JOB = (
+    update(jobs_t)
+    .where(jobs_t.c.backend_id == bindparam("b_backend_id"), jobs_t.c.job_id == bindparam("b_job_id"))
+    .values(archived=bindparam("archived"))
+)
+
+
+def _job_values(summary: JobSummary, *, archived: bool, now: datetime) -> dict[str, Any]:
+    return {
+        "status": summary.status.value,
+        "instance": summary.instance,
+        "ops": [
+            {
+                "index": op.index,
+                "op_id": op.op_id,
+                "status": op.status.value,
+                "instance": op.instance,
+                "start_time": op.start_time,
+                "exec_time": op.exec_time,
+                "end_time": op.end_time,
+                "error": op.error,
+            }
+            for op in summary.ops
+        ],
+        "summary": summary.to_json(),
+        "received_at": _dt(summary.received_time),
+        "started_at": _dt(summary.start_time),
+        "ended_at": _dt(summary.end_time),
+        "archived": archived,
+        "updated_at": now,
+    }
+
+
+def _stored_job(row: Row[Any]) -> StoredJob:
+    return StoredJob(
+        backend=row.backend,
+        job_id=row.job_id,
+        status=JobStatus(row.status),
+        instance=row.instance,
+        ops=tuple(
+            StoredOp(
+                index=op["index"],
+                op_id=op["op_id"],
+                status=JobStatus(op["status"]),
+                instance=op.get("instance"),
+                start_time=_dt(op.get("start_time")),
+                exec_time=_dt(op.get("exec_time")),
+                end_time=_dt(op.get("end_time")),
+                error=op.get("error"),
+            )
+            for op in row.ops
+        ),
+        received_at=row.received_at,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        archived=bool(row.archived),
+        revision=row.revision,
+        event_count=row.event_count,
+        first_seen_at=row.first_seen_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _stored_event(row: Row[Any], names: dict[int, str]) -> StoredEvent:
+    return StoredEvent(
+        id=row.id,
+        backend=names.get(row.backend_id, str(row.backend_id)),
+        job_id=row.job_id,
+        seq=row.seq,
+        kind=EventKind(row.kind),
+        status=JobStatus(row.status),
+        op_index=row.op_index,
+        op_id=row.op_id,
+        instance=row.instance,
+        log_serial=row.log_serial,
+        log_message=row.log_message,
+        event_time=row.event_time,
+        stored_at=row.stored_at,
+    )
+
+
+def _reason(exc: BaseException) -> str:
+    """A one-line reason from a database error, without the SQL or its parameters."""
+    original = getattr(exc, "orig", None) or exc
+    message = str(original).strip().splitlines()[0] if str(original).strip() else ""
+    return f"{type(original).__name__}: {message[:200]}" if message else type(original).__name__

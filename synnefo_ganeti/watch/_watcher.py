@@ -1,0 +1,418 @@
+"""The job-queue watcher: inotify on Ganeti's queue directory, job-file versions into the store.
+
+Ganeti writes every version of ``job-<id>`` to a temp file (``job-<id>-<pid>-<n>.tmp``
+or ``job-<id>XXXXXXXX.new``) and renames it into place, and archives a job by renaming
+it to ``archive/<id // 10000>/job-<id>``. The watcher:
+
+* watches the queue directory, ``archive/`` and every ``archive/<n>/`` for
+  ``MOVED_TO`` and ``CLOSE_WRITE`` (and ``CREATE`` of archive folders), and acts only on
+  names matching ``^job-\\d+$``;
+* marks such a path pending; a reader task reads pending paths and hands each version
+  to the store. A path marked again before it is read is read once: Ganeti replaced
+  that version already, the latest wins;
+* scans everything at start (watches first, then the scan, so nothing slips between),
+  and again after an inotify queue overflow or when its watch is lost (the directory
+  removed, moved or recreated); archived jobs the store already holds as final are
+  not read again;
+* skips a bad file (truncated, not UTF-8 or JSON, too large, a symlink, not shaped like
+  a job, or naming another job), logging it once with its path and counting it; it is
+  read again on its next change;
+* survives a missing or unreadable queue directory: a log line, then retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncinotify import Inotify, Mask, Watch
+
+from synnefo_ganeti import metrics
+from synnefo_ganeti.jobs import JobFileError, parse_job_file
+from synnefo_ganeti.jobs._files import MAX_JOB_FILE_BYTES
+from synnefo_ganeti.store import JobVersion, Store
+
+__all__ = ["QueueWatcher", "WatchStats", "check_inotify_limits"]
+
+log = logging.getLogger("synnefo_ganeti.watch")
+
+JOB_NAME = re.compile(r"^job-(\d+)$")
+ARCHIVE_FOLDER = re.compile(r"^\d+$")
+
+_FILE_EVENTS = Mask.MOVED_TO | Mask.CLOSE_WRITE
+_SELF_GONE = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED | Mask.UNMOUNT
+_ROOT_MASK = _FILE_EVENTS | Mask.CREATE | Mask.MOVED_FROM | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR
+_ARCHIVE_MASK = Mask.CREATE | Mask.MOVED_TO | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR
+_FOLDER_MASK = _FILE_EVENTS | Mask.DELETE_SELF | Mask.ONLYDIR
+
+#: below these, check_inotify_limits warns
+MIN_QUEUED_EVENTS = 16384
+MIN_USER_WATCHES = 1024
+
+
+class _WatchLost(Exception):
+    """The queue directory's own watch went away: set everything up again."""
+
+
+@dataclass(slots=True)
+class WatchStats:
+    """What one watcher did since it started."""
+
+    scans: int = 0
+    overflows: int = 0
+    watch_lost: int = 0
+    events: int = 0
+    files_read: int = 0
+    versions: int = 0
+    coalesced: int = 0
+    bad_files: int = 0
+    vanished: int = 0
+
+
+def check_inotify_limits(proc: Path = Path("/proc/sys/fs/inotify")) -> list[str]:
+    """Warnings about inotify limits too low for a busy queue (also logged)."""
+    warnings: list[str] = []
+    for name, minimum, why in (
+        (
+            "max_queued_events",
+            MIN_QUEUED_EVENTS,
+            "a burst of job-file writes overflows it (then the watcher rescans)",
+        ),
+        (
+            "max_user_watches",
+            MIN_USER_WATCHES,
+            "the watcher and other programs of this user may run out of watches",
+        ),
+    ):
+        try:
+            value = int((proc / name).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if value < minimum:
+            warnings.append(
+                f"fs.inotify.{name} is {value}, below {minimum}: {why}; raise it with "
+                f"'sysctl fs.inotify.{name}={minimum * 4}'"
+            )
+    for warning in warnings:
+        log.warning("%s", warning)
+    return warnings
+
+
+class QueueWatcher:
+    """Watches one backend's job-queue directory and stores every job-file version it reads.
+
+    ``await watcher.run()`` runs until :meth:`stop` (or cancellation); it never raises
+    for trouble with the directory or its files. ``ready`` is set once the first scan
+    has been queued for the store.
+    """
+
+    def __init__(
+        self,
+        queue_dir: str | os.PathLike[str],
+        store: Store,
+        backend: str,
+        *,
+        retry_interval: float = 2.0,
+        max_file_bytes: int = MAX_JOB_FILE_BYTES,
+        read_batch: int = 512,
+    ) -> None:
+        self.queue_dir = Path(queue_dir)
+        self.store = store
+        self.backend = backend
+        self.retry_interval = retry_interval
+        self.max_file_bytes = max_file_bytes
+        self.read_batch = read_batch
+        self.stats = WatchStats()
+        self.ready = asyncio.Event()
+        self._pending: dict[str, bool] = {}  # path -> archived?, in the order marked
+        self._has_pending = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._bad: dict[str, str] = {}  # path -> what was wrong with it the last time
+        self._inotify: Inotify | None = None
+        self._watches: dict[str, Watch] = {}
+        self._root_watch: Watch | None = None
+        self._m_versions = metrics.WATCH_VERSIONS.labels(backend)
+        self._m_bad = metrics.WATCH_BAD_FILES.labels(backend)
+
+    def __repr__(self) -> str:
+        return f"<QueueWatcher {self.backend} {self.queue_dir}>"
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to read what is pending, hand it to the store, and return."""
+        self._stopping.set()
+        self._has_pending.set()
+
+    async def run(self) -> None:
+        check_inotify_limits()
+        watcher = asyncio.create_task(self._watch_forever(), name=f"watch {self.backend}")
+        reader = asyncio.create_task(self._reader(), name=f"watch-reader {self.backend}")
+        stopping = asyncio.create_task(self._stopping.wait())
+        try:
+            done, _ = await asyncio.wait({watcher, reader, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (watcher, reader):
+                if task in done:
+                    task.result()  # an unexpected error: let it be seen
+        finally:
+            stopping.cancel()
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            self.stop()
+            await reader
+
+    # -- inotify -----------------------------------------------------------------------------------
+
+    async def _watch_forever(self) -> None:
+        problem: str | None = None
+        while True:
+            try:
+                with Inotify(cache_size=1024) as inotify:
+                    self._inotify = inotify
+                    self._watches.clear()
+                    self._root_watch = inotify.add_watch(self.queue_dir, _ROOT_MASK)
+                    self._watch_archive()
+                    if problem is not None:
+                        log.warning("queue directory %s is usable again; rescanning", self.queue_dir)
+                        problem = None
+                    self._scan("start" if self.stats.scans == 0 else "watch_lost")
+                    self.ready.set()
+                    await self._follow(inotify)
+            except _WatchLost:
+                self.stats.watch_lost += 1
+                log.warning(
+                    "lost the watch on %s (removed, moved or replaced); watching it again", self.queue_dir
+                )
+                continue
+            except OSError as exc:
+                reason = _os_reason(exc)
+                if reason != problem:
+                    log.error(
+                        "queue directory %s: %s; retrying every %.0f s",
+                        self.queue_dir,
+                        reason,
+                        self.retry_interval,
+                    )
+                    problem = reason
+                self.ready.set()
+                await asyncio.sleep(self.retry_interval)
+            finally:
+                self._inotify = None
+
+    async def _follow(self, inotify: Inotify) -> None:
+        async for event in inotify:
+            self.on_event(event.mask, event.watch, event.name)
+
+    def on_event(self, mask: Mask, watch: Watch | None, name: Path | None) -> None:
+        """Handle one decoded inotify event (the boundary tests inject overflows at)."""
+        self.stats.events += 1
+        if mask & Mask.Q_OVERFLOW:
+            self.stats.overflows += 1
+            log.warning("inotify queue overflow on %s: rescanning (no change is lost)", self.queue_dir)
+            self._scan("overflow")
+            return
+        if watch is None:
+            return
+        folder = os.fspath(watch.path)
+        if mask & _SELF_GONE:
+            if watch is self._root_watch or folder == os.fspath(self.queue_dir):
+                raise _WatchLost
+            self._watches.pop(folder, None)
+            if mask & Mask.IGNORED and os.path.isdir(folder):
+                self._watch_folder(folder)  # replaced by a new folder of the same name
+            return
+        if name is None:
+            return
+        entry = os.fspath(name)
+        if mask & Mask.ISDIR:
+            if folder == os.fspath(self.queue_dir) and entry == "archive":
+                self._watch_archive()
+                self._scan_archive()
+            elif folder == os.fspath(self.queue_dir / "archive") and ARCHIVE_FOLDER.match(entry):
+                path = os.path.join(folder, entry)
+                self._watch_folder(path)
+                self._scan_folder(path, archived=True)
+            return
+        if mask & _FILE_EVENTS and JOB_NAME.match(entry):
+            self._mark(os.path.join(folder, entry), folder != os.fspath(self.queue_dir))
+
+    def _watch_archive(self) -> None:
+        archive = os.fspath(self.queue_dir / "archive")
+        if not os.path.isdir(archive):
+            return
+        if archive not in self._watches and self._inotify is not None:
+            self._watches[archive] = self._inotify.add_watch(archive, _ARCHIVE_MASK)
+        with os.scandir(archive) as entries:
+            for entry in entries:
+                if ARCHIVE_FOLDER.match(entry.name) and entry.is_dir(follow_symlinks=False):
+                    self._watch_folder(entry.path)
+
+    def _watch_folder(self, path: str) -> None:
+        if path in self._watches or self._inotify is None:
+            return
+        try:
+            self._watches[path] = self._inotify.add_watch(path, _FOLDER_MASK)
+        except OSError as exc:
+            log.warning("cannot watch archive folder %s: %s", path, _os_reason(exc))
+
+    # -- scanning ----------------------------------------------------------------------------------
+
+    def _mark(self, path: str, archived: bool) -> None:
+        if path in self._pending:
+            self.stats.coalesced += 1
+            self._pending[path] = self._pending[path] or archived
+            return
+        self._pending[path] = archived
+        self._has_pending.set()
+
+    def _scan(self, reason: str) -> None:
+        """Mark every job file pending (the archive's too, but for jobs known final)."""
+        self.stats.scans += 1
+        metrics.WATCH_RESCANS.labels(self.backend, reason).inc()
+        found = self._scan_folder(os.fspath(self.queue_dir), archived=False)
+        found += self._scan_archive()
+        log.info("scanned %s (%s): %d job files", self.queue_dir, reason, found)
+
+    def _scan_archive(self) -> int:
+        archive = os.fspath(self.queue_dir / "archive")
+        found = 0
+        try:
+            with os.scandir(archive) as entries:
+                folders = [
+                    e.path
+                    for e in entries
+                    if ARCHIVE_FOLDER.match(e.name) and e.is_dir(follow_symlinks=False)
+                ]
+        except FileNotFoundError:
+            return 0
+        for folder in sorted(folders, key=lambda p: int(os.path.basename(p))):
+            found += self._scan_folder(folder, archived=True)
+        return found
+
+    def _scan_folder(self, folder: str, *, archived: bool) -> int:
+        with os.scandir(folder) as entries:
+            names = [(int(m.group(1)), e.name) for e in entries if (m := JOB_NAME.match(e.name))]
+        names.sort()
+        for _, name in names:
+            self._mark(os.path.join(folder, name), archived)
+        return len(names)
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    async def _reader(self) -> None:
+        skip_final: set[int] | None = None
+        while True:
+            await self._has_pending.wait()
+            self._has_pending.clear()
+            if not self._pending:
+                if self._stopping.is_set():
+                    return
+                continue
+            if skip_final is None:
+                skip_final = await self._known_archived()
+            paths = list(self._pending.items())[: self.read_batch]
+            for path, _ in paths:
+                del self._pending[path]
+            if self._pending:
+                self._has_pending.set()
+            for path, archived in paths:
+                version = self._read(path, archived, skip_final)
+                if version is not None:
+                    await self.store.put(version)
+            await asyncio.sleep(0)
+            if not self._pending:
+                skip_final = None  # read it again for the next scan
+
+    async def _known_archived(self) -> set[int]:
+        try:
+            return await self.store.archived_final_job_ids(self.backend)
+        except Exception as exc:  # the store retries its writes; a scan may read everything
+            log.warning("cannot ask the store which archived jobs it has (%s); reading them all", exc)
+            return set()
+
+    def _read(self, path: str, archived: bool, skip_final: set[int]) -> JobVersion | None:
+        name = os.path.basename(path)
+        match = JOB_NAME.match(name)
+        if match is None:
+            return None
+        job_id = int(match.group(1))
+        if archived and job_id in skip_final:
+            return None
+        try:
+            data = self._read_bytes(path)
+        except FileNotFoundError:
+            # Archived (or removed) since it was marked: its new name brings its own event.
+            self.stats.vanished += 1
+            return None
+        except (OSError, JobFileError) as exc:
+            self._bad_file(path, exc)
+            return None
+        self.stats.files_read += 1
+        try:
+            job = parse_job_file(data)
+            if job.job_id != job_id:
+                raise JobFileError(f"it holds job {job.job_id}, not {job_id}")
+        except JobFileError as exc:
+            self._bad_file(path, exc)
+            return None
+        if self._bad.pop(path, None) is not None:
+            log.info("job file %s is readable again", path)
+        self.stats.versions += 1
+        self._m_versions.inc()
+        return JobVersion(self.backend, job, archived)
+
+    def _read_bytes(self, path: str) -> bytes:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise JobFileError("a symlink; Ganeti writes job files as regular files") from None
+            raise
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise JobFileError("not a regular file")
+            if info.st_size > self.max_file_bytes:
+                raise JobFileError(
+                    f"{info.st_size} bytes, more than the {self.max_file_bytes} a job file may have"
+                )
+            chunks = []
+            size = 0
+            while True:
+                chunk = os.read(fd, max(info.st_size + 1, 65536))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > self.max_file_bytes:
+                    raise JobFileError(f"more than the {self.max_file_bytes} bytes a job file may have")
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def _bad_file(self, path: str, exc: BaseException) -> None:
+        reason = _os_reason(exc) if isinstance(exc, OSError) else str(exc)
+        if self._bad.get(path) == reason:
+            return
+        self._bad[path] = reason
+        self.stats.bad_files += 1
+        self._m_bad.inc()
+        log.warning("skipping job file %s: %s (read again on its next change)", path, reason)
+
+
+def _os_reason(exc: OSError | BaseException) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "does not exist"
+    if isinstance(exc, PermissionError):
+        return "permission denied (run the watcher as a user that can read Ganeti's queue, e.g. root or group gnt-masterd)"
+    if isinstance(exc, NotADirectoryError):
+        return "is not a directory"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc)
