@@ -17,6 +17,7 @@ from synnefo_ganeti.store._store import (
     StoredJob,
     StoredOp,
     WriterStats,
+    upgrade_database,
 )
 from synnefo_ganeti.store._urls import display_url, normalize_url
 
@@ -34,4 +35,5 @@ __all__ = [
     "head_revision",
     "normalize_url",
     "upgrade",
+    "upgrade_database",
 ]

@@ -28,7 +28,8 @@ __all__ = ["alembic_config", "current_revision", "head_revision", "script_locati
 def script_location() -> Path:
     package = Path(__file__).resolve().parent.parent
     for candidate in (package / "_alembic", package.parent / "alembic"):
-        if (candidate / "env.py").is_file():
+        # (an installed package's parent is site-packages, whose alembic/ is the library itself)
+        if (candidate / "env.py").is_file() and (candidate / "versions").is_dir():
             return candidate
     raise StoreError(
         f"the database migrations are missing (looked in {package / '_alembic'} and "

@@ -998,3 +998,20 @@ def _reason(exc: BaseException) -> str:
     original = getattr(exc, "orig", None) or exc
     message = str(original).strip().splitlines()[0] if str(original).strip() else ""
     return f"{type(original).__name__}: {message[:200]}" if message else type(original).__name__
+
+
+async def upgrade_database(url: str | URL) -> tuple[str, str | None, str | None]:
+    """Create or upgrade the schema of ``url``; returns (display URL, revision before, after)."""
+    store = Store(url, create=False)
+    if store.dialect == "sqlite":
+        store._check_sqlite_folder()
+    engine = store._make_engine()
+    try:
+        before = await _migrate.current_revision(engine)
+        await _migrate.upgrade(engine)
+        after = await _migrate.current_revision(engine)
+    except (SQLAlchemyError, OSError) as exc:
+        raise store._error("cannot upgrade", exc) from None
+    finally:
+        await engine.dispose()
+    return store.display_url, before, after
