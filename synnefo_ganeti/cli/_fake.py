@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -19,7 +20,26 @@ from rich.table import Table
 from synnefo_ganeti.cli._main import _configure_logging, _print_json, _stdout, json_option, main, stderr
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.rapi import CreateProgress, InstanceSpec, RapiClient
+from synnefo_ganeti.store import Store
 from synnefo_ganeti.testing import FakeGaneti
+from synnefo_ganeti.watch import QueueWatcher
+
+DEMO_BACKEND = "demo"
+
+
+async def _until_stored(store: Store, report: DemoReport, on_progress: Callable[[int], None]) -> None:
+    """Wait until the watcher has stored every job's final status (or 30 s passed)."""
+    deadline = time.monotonic() + 30
+    while True:
+        stored = {job.job_id: job.status.value for job in await store.list_jobs(backend=DEMO_BACKEND)}
+        report.stored_jobs = sum(1 for job_id in report.final if job_id in stored)
+        report.stored_matching = sum(
+            1 for job_id, status in report.final.items() if stored.get(job_id) == status
+        )
+        on_progress(report.stored_matching)
+        if report.stored_matching == len(report.final) or time.monotonic() > deadline:
+            return
+        await asyncio.sleep(0.1)
 
 
 def jittered(latency: float, jitter: float) -> float | Callable[[], float]:
@@ -142,6 +162,11 @@ class DemoReport:
     submit_errors: list[str] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
     failures: Counter[str] = field(default_factory=Counter)
+    final: dict[int, str] = field(default_factory=dict)
+    stored_jobs: int = 0
+    stored_matching: int = 0
+    stored_events: int = 0
+    database: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -155,6 +180,10 @@ class DemoReport:
             "failed": sum(self.failures.values()) + len(self.submit_errors),
             "failures": dict(self.failures) | {f"submit: {e}": 1 for e in self.submit_errors},
             "wall_seconds": round(self.wall_seconds, 3),
+            "stored_jobs": self.stored_jobs,
+            "stored_final_matching": self.stored_matching,
+            "stored_events": self.stored_events,
+            "database": self.database,
         }
 
 
@@ -170,17 +199,28 @@ class DemoStepError(click.ClickException):
 )
 @click.option("--nodes", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--job-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True)
+@click.option(
+    "--db",
+    "db_url",
+    metavar="URL",
+    help="Keep the job events in this database (sqlite:///PATH or postgresql://...); "
+    "by default a temporary SQLite file.",
+)
 @json_option
-def demo(count: int, latency: float, nodes: int, job_timeout: float, as_json: bool) -> None:
+def demo(
+    count: int, latency: float, nodes: int, job_timeout: float, db_url: str | None, as_json: bool
+) -> None:
     """Create COUNT instances on a fake Ganeti, end to end, and show what it took.
 
-    Starts a fake Ganeti (HTTPS, --latency per answer, 20 clients at a time, --nodes nodes),
-    submits the creates through RapiClient.create_instances, waits for every job and
+    Starts a fake Ganeti (HTTPS, --latency per answer, 20 clients at a time, --nodes nodes)
+    that writes its job queue the way Ganeti does, and the queue watcher storing every job
+    change into SQLite (or --db); submits the creates through RapiClient.create_instances,
+    waits for every job, checks that the database holds each job's final status, and
     prints a summary. Needs no root, no config and no network beyond loopback.
     """
     if as_json:
         _configure_logging("error")
-    report = asyncio.run(_demo(count, latency, nodes, job_timeout, quiet=as_json))
+    report = asyncio.run(_demo(count, latency, nodes, job_timeout, quiet=as_json, db_url=db_url))
     if as_json:
         _print_json(report.as_dict())
     else:
@@ -196,65 +236,106 @@ def demo(count: int, latency: float, nodes: int, job_timeout: float, as_json: bo
         table.add_row("succeeded", str(data["succeeded"]))
         table.add_row("failed", str(data["failed"]))
         table.add_row("wall time", f"{data['wall_seconds']:.2f} s")
+        table.add_row(
+            "final status stored by the watcher", f"{data['stored_final_matching']} of {data['submitted']}"
+        )
+        table.add_row("job events stored", str(data["stored_events"]))
         _stdout().print(table)
         for reason, times in data["failures"].items():
             _stdout().print(f"  failed x{times}: {reason}", highlight=False)
-    if report.failures or report.submit_errors:
+    if report.failures or report.submit_errors or report.stored_matching != len(report.final):
         raise SystemExit(1)
 
 
-async def _demo(count: int, latency: float, nodes: int, job_timeout: float, *, quiet: bool) -> DemoReport:
+async def _demo(
+    count: int, latency: float, nodes: int, job_timeout: float, *, quiet: bool, db_url: str | None = None
+) -> DemoReport:
+    with tempfile.TemporaryDirectory(prefix="synnefo-ganeti-demo-") as scratch:
+        return await _demo_in(Path(scratch), count, latency, nodes, job_timeout, quiet=quiet, db_url=db_url)
+
+
+async def _demo_in(
+    scratch: Path,
+    count: int,
+    latency: float,
+    nodes: int,
+    job_timeout: float,
+    *,
+    quiet: bool,
+    db_url: str | None,
+) -> DemoReport:
     report = DemoReport(count=count)
     started = time.perf_counter()
-    step = "start the fake Ganeti"
+    step = "open the database"
+    queue_dir = scratch / "queue"
     try:
-        async with FakeGaneti(nodes=nodes, latency=latency, max_clients=20, tls=True) as fake:
-            step = "connect"
-            async with RapiClient(
-                fake.url, username=fake.username, password=fake.password, ca_file=fake.ca_file,
-                max_connections=20, long_poll_slots=10,
-            ) as rapi:  # fmt: skip
-                await rapi.version()
-                specs = [
-                    InstanceSpec(
-                        name=f"demo-{index:04d}.fake.test", disk_template="diskless", os="noop",
-                        beparams={"memory": 512}, iallocator="hail", opportunistic_locking=True,
-                    )
-                    for index in range(count)
-                ]  # fmt: skip
-                with Progress(
-                    TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=stderr, disable=quiet,
-                ) as progress:  # fmt: skip
-                    step = "submit the creates"
-                    task = progress.add_task("submitting", total=count)
+        async with (
+            Store(db_url or f"sqlite:///{scratch / 'demo.db'}") as store,
+            FakeGaneti(nodes=nodes, latency=latency, max_clients=20, tls=True, queue_dir=queue_dir) as fake,
+        ):
+            report.database = store.display_url if db_url else "a temporary SQLite file"
+            step = "watch the job queue"
+            watcher = QueueWatcher(queue_dir, store, DEMO_BACKEND)
+            watching = asyncio.create_task(watcher.run())
+            await watcher.ready.wait()
+            try:
+                step = "connect"
+                async with RapiClient(
+                    fake.url, username=fake.username, password=fake.password, ca_file=fake.ca_file,
+                    max_connections=20, long_poll_slots=10,
+                ) as rapi:  # fmt: skip
+                    await rapi.version()
+                    specs = [
+                        InstanceSpec(
+                            name=f"demo-{index:04d}.fake.test", disk_template="diskless", os="noop",
+                            beparams={"memory": 512}, iallocator="hail", opportunistic_locking=True,
+                        )
+                        for index in range(count)
+                    ]  # fmt: skip
+                    with Progress(
+                        TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=stderr, disable=quiet,
+                    ) as progress:  # fmt: skip
+                        step = "submit the creates"
+                        task = progress.add_task("submitting", total=count)
 
-                    def advance(update: CreateProgress) -> None:
-                        progress.advance(task)
+                        def advance(update: CreateProgress) -> None:
+                            progress.advance(task)
 
-                    t0 = time.perf_counter()
-                    results = await rapi.create_instances(specs, on_progress=advance)
-                    report.submit_seconds = time.perf_counter() - t0
-                    for result in results:
-                        if isinstance(result, int):
-                            report.job_ids.append(result)
-                        else:
-                            report.submit_errors.append(str(result))
-                    step = "wait for the jobs"
-                    waiting = progress.add_task("running", total=len(report.job_ids))
+                        t0 = time.perf_counter()
+                        results = await rapi.create_instances(specs, on_progress=advance)
+                        report.submit_seconds = time.perf_counter() - t0
+                        for result in results:
+                            if isinstance(result, int):
+                                report.job_ids.append(result)
+                            else:
+                                report.submit_errors.append(str(result))
+                        step = "wait for the jobs"
+                        waiting = progress.add_task("running", total=len(report.job_ids))
 
-                    async def wait(job_id: int) -> None:
-                        job = await rapi.wait_for_job(job_id, timeout=job_timeout)
-                        report.statuses[job.status.value] += 1
-                        if job.failure is not None:
-                            report.failures[f"{job.failure.type}: {job.failure.message}"] += 1
-                        elif job.status.value != "success":
-                            report.failures[f"job {job.status.value}"] += 1
-                        progress.advance(waiting)
+                        async def wait(job_id: int) -> None:
+                            job = await rapi.wait_for_job(job_id, timeout=job_timeout)
+                            report.statuses[job.status.value] += 1
+                            report.final[job_id] = job.status.value
+                            if job.failure is not None:
+                                report.failures[f"{job.failure.type}: {job.failure.message}"] += 1
+                            elif job.status.value != "success":
+                                report.failures[f"job {job.status.value}"] += 1
+                            progress.advance(waiting)
 
-                    async with asyncio.TaskGroup() as group:
-                        for job_id in report.job_ids:
-                            group.create_task(wait(job_id))
+                        async with asyncio.TaskGroup() as group:
+                            for job_id in report.job_ids:
+                                group.create_task(wait(job_id))
+                        step = "store the job events"
+                        storing = progress.add_task("stored", total=len(report.final))
+                        await _until_stored(
+                            store, report, lambda done: progress.update(storing, completed=done)
+                        )
+            finally:
+                watcher.stop()
+                await watching
+            await store.flush()
+            report.stored_events = store.stats.events
     except* GanetiError as group:
         raise DemoStepError(step, str(group.exceptions[0])) from None
     except* OSError as group:

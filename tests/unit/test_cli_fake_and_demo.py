@@ -74,6 +74,9 @@ async def test_demo_end_to_end_json() -> None:
     assert report["instances"] == report["submitted"] == report["succeeded"] == 30
     assert report["failed"] == 0 and report["failures"] == {}
     assert report["submitted_per_s"] > 0 and report["wall_seconds"] > report["submit_seconds"]
+    # the watcher stored every job's final status from the fake's queue directory
+    assert report["stored_jobs"] == report["stored_final_matching"] == 30
+    assert report["stored_events"] >= 30 * 6  # per create: queued, waiting, running, logs, success
 
 
 @pytest.mark.timeout(120)
@@ -81,6 +84,7 @@ def test_demo_table_and_progress() -> None:
     result = CliRunner().invoke(main, ["demo", "--count", "10", "--latency", "0.01"])
     assert result.exit_code == 0, result.output
     assert "submitted per second" in result.output and "10 of 10" in result.output
+    assert "final status stored by the watcher" in result.output
 
 
 def test_demo_names_the_failing_step(monkeypatch) -> None:
