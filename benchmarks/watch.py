@@ -31,7 +31,6 @@ import json
 import os
 import random
 import shutil
-import statistics
 import string
 import sys
 import tempfile
@@ -46,7 +45,8 @@ from typing import Any
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "ganeti-3.0-queue" / "lifecycle-job-20"
 FIXTURE_JOB_ID = 20
 FIXTURE_INSTANCE = "inst5.ganeti.test"
@@ -139,7 +139,9 @@ class Plan:
     def contents(self) -> dict[int, list[bytes]]:
         fixture = _fixture()
         return {
-            self.first_job_id + ordinal: job_versions(self.first_job_id + ordinal, self.shift_us(ordinal), fixture)
+            self.first_job_id + ordinal: job_versions(
+                self.first_job_id + ordinal, self.shift_us(ordinal), fixture
+            )
             for ordinal in range(self.jobs)
         }
 
@@ -184,10 +186,11 @@ def writer_child(config: dict[str, Any]) -> dict[str, Any]:
     luxid = [not data.startswith(b'{"id": ') for data in next(iter(contents.values()))]
     pid = os.getpid()
     counter = 0
-    renamed: list[float] = []
+    renaming: list[float] = []  # just before each rename of a job file
+    renamed: list[float] = []  # just after it
     rng = random.Random(plan.seed + 1)
 
-    def atomic(name: str, data: bytes, by_luxid: bool) -> None:
+    def atomic(name: str, data: bytes, by_luxid: bool) -> float:
         nonlocal counter
         if by_luxid:
             counter += 1
@@ -199,7 +202,9 @@ def writer_child(config: dict[str, Any]) -> dict[str, Any]:
             os.write(fd, data)
         finally:
             os.close(fd)
+        before = time.time()
         os.rename(temp, f"{queue}/{name}")
+        return before
 
     start = time.time()
     for number, (job_id, index) in enumerate(order):
@@ -209,10 +214,12 @@ def writer_child(config: dict[str, Any]) -> dict[str, Any]:
                 time.sleep(delay)
         if index == 0:
             atomic("serial", f"{job_id}\n".encode(), True)
-        atomic(f"job-{job_id}", contents[job_id][index], luxid[index])
+        renaming.append(atomic(f"job-{job_id}", contents[job_id][index], luxid[index]))
         renamed.append(time.time())
     end = renamed[-1]
-    return {"start": start, "end": end, "renamed": renamed if config["record"] else None}
+    if not config["record"]:
+        return {"start": start, "end": end}
+    return {"start": start, "end": end, "renaming": renaming, "renamed": renamed}
 
 
 # -- the watcher side ------------------------------------------------------------------------------
@@ -233,9 +240,9 @@ def fs_type(path: str) -> str:
 
 def default_disk_dir() -> str | None:
     for candidate in ("/var/tmp", tempfile.gettempdir(), str(ROOT)):
-        if os.path.isdir(candidate) and os.access(candidate, os.W_OK):
-            if fs_type(candidate) not in ("tmpfs", "ramfs", "devtmpfs"):
-                return candidate
+        usable = os.path.isdir(candidate) and os.access(candidate, os.W_OK)
+        if usable and fs_type(candidate) not in ("tmpfs", "ramfs", "devtmpfs"):
+            return candidate
     return None
 
 
@@ -263,11 +270,21 @@ async def database(db: str, folder: str) -> AsyncIterator[str]:
         await _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def fingerprint(job: Any) -> tuple[tuple[str, ...], int]:
+    """Tells the versions of one job apart as far as the store can (its ops' statuses, last log serial)."""
+    return tuple(op.status.value for op in job.ops), job.last_serial
+
+
 @dataclass
 class Recorder:
-    """What the watcher handed to the store, and when each writer transaction committed."""
+    """What the watcher handed to the store, and when each writer transaction committed.
 
-    puts: list[Any] = field(default_factory=list)  # JobVersion, in the order put
+    Only small tuples are kept: holding on to every version read would grow the heap
+    by millions of objects and make the garbage collector's full passes (and so the
+    latencies measured) the benchmark's own doing.
+    """
+
+    puts: list[tuple[int, float, Any]] = field(default_factory=list)  # job id, read at, fingerprint
     commits: list[tuple[int, float, float]] = field(default_factory=list)  # versions, time, cpu
 
     def on_commit(self, info: Any) -> None:
@@ -287,7 +304,7 @@ async def run_writer(plan: Plan, queue: Path, rate: float | None, *, record: boo
         "seed": plan.seed, "queue": str(queue), "rate": rate, "record": record,
     }  # fmt: skip
     process = await asyncio.create_subprocess_exec(
-        sys.executable, os.path.abspath(__file__), "--writer-child", json.dumps(config),
+        sys.executable, str(HERE), "--writer-child", json.dumps(config),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await process.communicate()
@@ -297,7 +314,9 @@ async def run_writer(plan: Plan, queue: Path, rate: float | None, *, record: boo
     return result
 
 
-async def settle(watcher: Any, store: Any, recorder: Recorder, quiet: float = 0.5, limit: float = 300) -> None:
+async def settle(
+    watcher: Any, store: Any, recorder: Recorder, quiet: float = 0.5, limit: float = 300
+) -> None:
     """Wait until the watcher has read nothing new and the store committed nothing for ``quiet`` s."""
     deadline = time.monotonic() + limit
     seen = (-1, -1)
@@ -322,34 +341,34 @@ def _percentile(values: list[float], pct: float) -> float:
 
 
 def latencies(
-    plan: Plan, renamed: list[float], puts: list[Any], commit_times: list[float]
+    plan: Plan, renaming: list[float], renamed: list[float], puts: list[Any], commit_times: list[float]
 ) -> tuple[list[float], list[float]]:
     """Rename-to-commit latencies (ms): of each version read and committed; of every version written.
 
-    A version read is matched to the version written by its content (JobSummary) and
-    the time it was read: the last one renamed before the read with that content (the
-    three "queued" versions of the fixture differ only in fields the watcher ignores).
+    A version read is matched to the version written by its content (:func:`fingerprint`)
+    and the time it was read: the last one with that content whose rename had begun
+    before the read (the three "queued" versions of the fixture differ only in fields the
+    store ignores; the watcher may read a version before its writer has noted the rename
+    done). Latencies count from the end of the rename.
     For every version written: until the commit of the first version of its job read
     after it (itself, or a later one that replaced it before the watcher read it).
     """
-    from synnefo_ganeti.jobs import JobSummary, parse_job_file
+    from synnefo_ganeti.jobs import parse_job_file
 
     contents = plan.contents()
-    written: dict[int, list[tuple[int, float, JobSummary]]] = {}
-    for (job_id, index), at in zip(plan.schedule(), renamed, strict=True):
-        summary = JobSummary.of(parse_job_file(contents[job_id][index]))
-        written.setdefault(job_id, []).append((index, at, summary))
+    written: dict[int, list[tuple[int, float, float, Any]]] = {}
+    for (job_id, index), began, at in zip(plan.schedule(), renaming, renamed, strict=True):
+        seen = fingerprint(parse_job_file(contents[job_id][index]))
+        written.setdefault(job_id, []).append((index, began, at, seen))
     committed: list[float] = []
     reflected_at: dict[tuple[int, int], float] = {}  # (job, index read) -> its commit
-    for version, commit_at in zip(puts, commit_times, strict=True):
-        job_id = version.job.job_id
+    for (job_id, read_at, seen), commit_at in zip(puts, commit_times, strict=True):
         if job_id not in written:
             continue
-        summary = JobSummary.of(version.job)
         match = [
             (index, at)
-            for index, at, candidate in written[job_id]
-            if candidate == summary and at <= version.read_at
+            for index, began, at, candidate in written[job_id]
+            if candidate == seen and began <= read_at
         ]
         if not match:
             continue
@@ -359,7 +378,7 @@ def latencies(
     every: list[float] = []
     for job_id, versions in written.items():
         reads = [(i, t) for (j, i), t in reflected_at.items() if j == job_id]
-        for index, at, _ in versions:
+        for index, _, at, _ in versions:
             later = [t for i, t in reads if i >= index]
             if later:
                 every.append((min(later) - at) * 1000)
@@ -376,9 +395,7 @@ async def count_lost(store: Any, plans: list[Plan]) -> int:
     expected: dict[int, JobSummary] = {}
     for plan in plans:
         contents = plan.contents()
-        last: dict[int, int] = {}
-        for job_id, index in plan.schedule():
-            last[job_id] = index
+        last = dict(plan.schedule())  # job id -> the index of its last version written
         for job_id, index in last.items():
             expected[job_id] = JobSummary.of(parse_job_file(contents[job_id][index]))
     async with store.engine.connect() as conn:
@@ -411,7 +428,7 @@ async def run_one(db: str, fs: str, folder: str, args: argparse.Namespace) -> di
             put: Callable[[Any], Any] = store.put
 
             async def recording_put(version: Any) -> None:
-                recorder.puts.append(version)
+                recorder.puts.append((version.job.job_id, version.read_at, fingerprint(version.job)))
                 await put(version)
 
             store.put = recording_put  # type: ignore[method-assign]
@@ -431,8 +448,10 @@ async def run_one(db: str, fs: str, folder: str, args: argparse.Namespace) -> di
             last_commit, cpu_end = phase[-1][1], phase[-1][2]
             writer_per_s = fast.versions / (written["end"] - written["start"])
             versions_per_s = fast.versions / (last_commit - written["start"])
+            read = watcher.stats.versions - stats0[0]
             fast_figures = {
-                "read": watcher.stats.versions - stats0[0],
+                "read": read,
+                "read_per_s": round(read / (last_commit - written["start"]), 1),
                 "coalesced": watcher.stats.coalesced - stats0[1],
                 "overflows": watcher.stats.overflows - stats0[2],
                 "applied": store.stats.applied - writer0[0],
@@ -452,7 +471,11 @@ async def run_one(db: str, fs: str, folder: str, args: argparse.Namespace) -> di
             await store.flush()
             commit_times = recorder.commit_times()
             committed, every = latencies(
-                paced, paced_written["renamed"], recorder.puts[puts0:], commit_times[puts0:]
+                paced,
+                paced_written["renaming"],
+                paced_written["renamed"],
+                recorder.puts[puts0:],
+                commit_times[puts0:],
             )
             lost = await count_lost(store, [fast, paced])
         paced_per_s = paced.versions / max(paced_written["end"] - paced_written["start"], 1e-9)
@@ -467,6 +490,7 @@ async def run_one(db: str, fs: str, folder: str, args: argparse.Namespace) -> di
             "p99_ms": round(_percentile(committed, 99), 2),
             "lost": lost,
             "cpu_us_per_version": round((cpu_end - cpu0) / fast.versions * 1e6, 1),
+            "cpu_us_per_read": round((cpu_end - cpu0) / max(fast_figures["read"], 1) * 1e6, 1),
             **fast_figures,
             "paced_rate": paced_rate,
             "paced_versions": paced.versions,

@@ -25,10 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import re
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +47,14 @@ log = logging.getLogger("synnefo_ganeti.watch")
 
 JOB_NAME = re.compile(r"^job-(\d+)$")
 ARCHIVE_FOLDER = re.compile(r"^\d+$")
+_NOTHING: frozenset[int] = frozenset()
+#: struct inotify_event: wd, mask, cookie, len, then len bytes of NUL-padded name
+_EVENT = struct.Struct("iIII")
+_READ_SIZE = 256 * 1024
+_ISDIR = int(Mask.ISDIR)
+_IGNORED = int(Mask.IGNORED)
+#: yield to the event loop after this many versions read in a row
+_READS_PER_TURN = 32
 
 _FILE_EVENTS = Mask.MOVED_TO | Mask.CLOSE_WRITE
 _SELF_GONE = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED | Mask.UNMOUNT
@@ -137,6 +147,7 @@ class QueueWatcher:
         self._bad: dict[str, str] = {}  # path -> what was wrong with it the last time
         self._inotify: Inotify | None = None
         self._watches: dict[str, Watch] = {}
+        self._by_wd: dict[int, Watch] = {}
         self._root_watch: Watch | None = None
         self._m_versions = metrics.WATCH_VERSIONS.labels(backend)
         self._m_bad = metrics.WATCH_BAD_FILES.labels(backend)
@@ -176,7 +187,8 @@ class QueueWatcher:
                 with Inotify(cache_size=1024) as inotify:
                     self._inotify = inotify
                     self._watches.clear()
-                    self._root_watch = inotify.add_watch(self.queue_dir, _ROOT_MASK)
+                    self._by_wd.clear()
+                    self._root_watch = self._add_watch(self.queue_dir, _ROOT_MASK)
                     self._watch_archive()
                     if problem is not None:
                         log.warning("queue directory %s is usable again; rescanning", self.queue_dir)
@@ -206,8 +218,54 @@ class QueueWatcher:
                 self._inotify = None
 
     async def _follow(self, inotify: Inotify) -> None:
-        async for event in inotify:
-            self.on_event(event.mask, event.watch, event.name)
+        """Read the events off the inotify descriptor, decoding only those that can matter.
+
+        Each version Ganeti writes makes four events here (``CREATE``, ``CLOSE_WRITE`` and
+        ``MOVED_FROM`` of its temp file, ``MOVED_TO`` of ``job-<id>``) and only the last
+        one matters; decoding each as an asyncinotify event (a Path, a Mask, an Event)
+        cost more than reading and parsing the file. An event about a name that is
+        neither a folder nor ``job-<id>`` is counted and dropped; the others go
+        through :meth:`on_event`.
+        """
+        loop = asyncio.get_running_loop()
+        fd = inotify.fd
+        # asyncinotify's InitFlags.NONBLOCK is O_CLOEXEC's value: its descriptor blocks, and a
+        # read after a stale readiness callback would block the event loop for good.
+        os.set_blocking(fd, False)
+        readable = asyncio.Event()
+        loop.add_reader(fd, readable.set)
+        try:
+            while True:
+                await readable.wait()
+                readable.clear()
+                try:
+                    data = os.read(fd, _READ_SIZE)
+                except BlockingIOError:
+                    continue
+                self._dispatch(data)
+        finally:
+            loop.remove_reader(fd)
+
+    def _dispatch(self, data: bytes) -> None:
+        watches = self._by_wd
+        offset, end = 0, len(data)
+        while offset < end:
+            wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+            offset += _EVENT.size
+            name: Path | None = None
+            if length:
+                raw = data[offset : offset + length].rstrip(b"\0")
+                offset += length
+                if raw:
+                    text = os.fsdecode(raw)
+                    if not mask & _ISDIR and JOB_NAME.match(text) is None:
+                        self.stats.events += 1  # a temp file, serial, ...: nothing to do
+                        continue
+                    name = Path(text)
+            watch = watches.get(wd)
+            if mask & _IGNORED:
+                watches.pop(wd, None)
+            self.on_event(Mask(mask), watch, name)
 
     def on_event(self, mask: Mask, watch: Watch | None, name: Path | None) -> None:
         """Handle one decoded inotify event (the boundary tests inject overflows at)."""
@@ -247,17 +305,23 @@ class QueueWatcher:
         if not os.path.isdir(archive):
             return
         if archive not in self._watches and self._inotify is not None:
-            self._watches[archive] = self._inotify.add_watch(archive, _ARCHIVE_MASK)
+            self._watches[archive] = self._add_watch(archive, _ARCHIVE_MASK)
         with os.scandir(archive) as entries:
             for entry in entries:
                 if ARCHIVE_FOLDER.match(entry.name) and entry.is_dir(follow_symlinks=False):
                     self._watch_folder(entry.path)
 
+    def _add_watch(self, path: str | Path, mask: Mask) -> Watch:
+        assert self._inotify is not None
+        watch = self._inotify.add_watch(path, mask)
+        self._by_wd[watch.wd] = watch
+        return watch
+
     def _watch_folder(self, path: str) -> None:
         if path in self._watches or self._inotify is None:
             return
         try:
-            self._watches[path] = self._inotify.add_watch(path, _FOLDER_MASK)
+            self._watches[path] = self._add_watch(path, _FOLDER_MASK)
         except OSError as exc:
             log.warning("cannot watch archive folder %s: %s", path, _os_reason(exc))
 
@@ -276,6 +340,9 @@ class QueueWatcher:
         self.stats.scans += 1
         metrics.WATCH_RESCANS.labels(self.backend, reason).inc()
         found = self._scan_folder(os.fspath(self.queue_dir), archived=False)
+        # archive/ and archive/<n>/ made while events were lost (an overflow): watched from now
+        # on, before they are scanned, like at start
+        self._watch_archive()
         found += self._scan_archive()
         log.info("scanned %s (%s): %d job files", self.queue_dir, reason, found)
 
@@ -308,23 +375,31 @@ class QueueWatcher:
     async def _reader(self) -> None:
         skip_final: set[int] | None = None
         while True:
+            # stop() sets _has_pending once; a batch read after it clears the flag, so the
+            # last batch must not wait for a wake-up that will never come.
+            if self._stopping.is_set() and not self._pending:
+                return
             await self._has_pending.wait()
             self._has_pending.clear()
             if not self._pending:
                 if self._stopping.is_set():
                     return
                 continue
-            if skip_final is None:
+            if skip_final is None and any(itertools.islice(self._pending.values(), self.read_batch)):
+                # Only archived paths need it (a scan's, or jobs being archived): asked on every
+                # wake-up, it cost a query per version read at a steady pace.
                 skip_final = await self._known_archived()
-            paths = list(self._pending.items())[: self.read_batch]
+            paths = list(itertools.islice(self._pending.items(), self.read_batch))
             for path, _ in paths:
                 del self._pending[path]
             if self._pending:
                 self._has_pending.set()
-            for path, archived in paths:
-                version = self._read(path, archived, skip_final)
+            for count, (path, archived) in enumerate(paths, 1):
+                version = self._read(path, archived, _NOTHING if skip_final is None else skip_final)
                 if version is not None:
                     await self.store.put(version)
+                if count % _READS_PER_TURN == 0:
+                    await asyncio.sleep(0)  # the writer's transaction and inotify move on meanwhile
             await asyncio.sleep(0)
             if not self._pending:
                 skip_final = None  # read it again for the next scan
@@ -336,7 +411,7 @@ class QueueWatcher:
             log.warning("cannot ask the store which archived jobs it has (%s); reading them all", exc)
             return set()
 
-    def _read(self, path: str, archived: bool, skip_final: set[int]) -> JobVersion | None:
+    def _read(self, path: str, archived: bool, skip_final: set[int] | frozenset[int]) -> JobVersion | None:
         name = os.path.basename(path)
         match = JOB_NAME.match(name)
         if match is None:

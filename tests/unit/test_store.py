@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import itertools
 import logging
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import orjson
 import pytest
 from sqlalchemy import select, text, update
@@ -37,6 +39,7 @@ from synnefo_ganeti.store import (
     normalize_url,
 )
 from synnefo_ganeti.store._schema import Job, JobEventRow
+from synnefo_ganeti.store._store import _WRITE_LOCK_KEY
 from tests.helpers import QUEUE_FIXTURES
 
 BACKEND = "cluster1"
@@ -79,6 +82,15 @@ async def store_all(store: Store, versions: Iterable[JobFile], backend: str = BA
         await store.put(JobVersion(backend, version))
     async with asyncio.timeout(WAIT):
         await store.flush()
+
+
+async def wait_until(check: Callable[[], Awaitable[Any]]) -> None:
+    """Polls ``check`` until it is true (a hang fails at WAIT)."""
+    async with asyncio.timeout(WAIT):
+        for _ in itertools.count():
+            if await check():
+                return
+            await asyncio.sleep(0.02)
 
 
 async def one_job(store: Store, job_id: int = 20, backend: str = BACKEND) -> StoredJob:
@@ -286,7 +298,7 @@ async def test_lifecycle_replay_stores_the_final_job_and_every_event(db_url: str
     assert stored.event_count == 12
     assert all(e.backend == BACKEND and e.job_id == 20 for e in events)
     assert all(e.instance == "inst5.ganeti.test" for e in events)
-    assert [e.op_id for e in events if e.kind is not EventKind.JOB_STATUS] == ["OP_INSTANCE_CREATE"] * 9
+    assert [e.op_id for e in events if e.kind is not EventKind.JOB_STATUS] == ["OP_INSTANCE_CREATE"] * 8
     logs = [e for e in events if e.kind is EventKind.LOG]
     assert [e.log_message for e in logs] == [line[3] for line in final_op["log"]]
     assert [e.event_time for e in logs] == [ts(line[1]) for line in final_op["log"]]
@@ -450,10 +462,11 @@ async def test_out_of_order_in_one_batch_and_in_separate_batches_end_the_same(db
         (JOB, "queued", None, None),
         (OP, "running", 0, None),
         (JOB, "running", None, None),
-        (LOG, "running", 0, 1),
-        (LOG, "running", 0, 2),
-        (LOG, "running", 0, 3),
-        (LOG, "running", 0, 4),
+        # 05 -> 10 in one step: the log lines carry the op's status of the version they came in
+        (LOG, "success", 0, 1),
+        (LOG, "success", 0, 2),
+        (LOG, "success", 0, 3),
+        (LOG, "success", 0, 4),
         (OP, "success", 0, None),
         (JOB, "success", None, None),
     ]
@@ -528,10 +541,26 @@ async def test_a_lock_retry_running_to_waiting_is_a_change(db_url: str) -> None:
         (JOB, "running", None, None),
     ]
     assert events[9].log_message == "waiting for locks"
+    # waiting is timed by the op's start, running by its exec (both untouched by a retry);
+    # the job's status by the latest op change behind it (the second retry: its log line)
     start = ts(running["ops"][0]["start_timestamp"])
-    assert {
-        e.event_time for e in events if e.kind is not EventKind.LOG and e.status is JobStatus.WAITING
-    } == {start}
+    exec_time = ts(exec_)
+    log_time = ts([exec_[0] + 1, 0])
+    assert [e.event_time for e in events] == [
+        start,
+        start,
+        exec_time,
+        exec_time,
+        start,
+        start,
+        exec_time,
+        exec_time,
+        start,
+        log_time,
+        log_time,
+        exec_time,
+        exec_time,
+    ]
     assert_consistent(stored, events)
 
 
@@ -598,20 +627,30 @@ async def test_two_stores_writing_different_versions_concurrently_end_consistent
     assert len({(e.job_id, e.seq) for e in all_events}) == len(all_events)
 
 
-async def test_two_watchers_of_one_queue_store_each_change_once(db_url: str) -> None:
+@pytest.mark.parametrize("pace", ["lockstep", "free"])
+async def test_two_watchers_of_one_queue_store_each_change_once(db_url: str, pace: str) -> None:
+    """Both read every version; "lockstep": they race to store each one; "free": each at its own pace."""
     versions = [job(p) for paths in LIFECYCLES.values() for p in paths]
-    reference = Store("sqlite://")
-    async with reference:
+    async with Store("sqlite://") as reference:
         await _feed(reference, versions)
         expected = {j: shape(await job_events_of(reference, j)) for j in LIFECYCLES}
     async with Store(db_url) as a, Store(db_url) as b:
-        await asyncio.gather(_feed(a, versions), _feed(b, versions))
+        if pace == "lockstep":
+            for version in versions:
+                await asyncio.gather(store_all(a, [version]), store_all(b, [version]))
+        else:
+            await asyncio.gather(_feed(a, versions), _feed(b, versions))
         got = {j: shape(await job_events_of(a, j)) for j in LIFECYCLES}
         jobs = await b.list_jobs()
-        assert a.stats.events + b.stats.events == sum(len(e) for e in expected.values())
+        all_events = await a.list_events(limit=None)
+        # each change stored once, by one of them
+        assert a.stats.applied + b.stats.applied == 22
+        assert a.stats.skipped + b.stats.skipped == 2 * len(versions) - 22
+        assert a.stats.events + b.stats.events == sum(len(e) for e in expected.values()) == len(all_events)
     assert got == expected
     assert {j.job_id: j.revision for j in jobs} == {20: 8, 12: 4, 23: 10}
     assert all(j.status is JobStatus.SUCCESS for j in jobs)
+    assert len({(e.job_id, e.seq) for e in all_events}) == len(all_events)
 
 
 # -- 8. the events() iterator --------------------------------------------------------------------------
@@ -855,7 +894,11 @@ async def test_sqlite_writer_waits_out_a_held_write_lock(tmp_path: Path) -> None
         for path_ in LIFE20[1:]:
             await store.put(JobVersion(BACKEND, job(path_)))
         await asyncio.sleep(1.5)  # several 0.2 s busy timeouts
-        assert store.stats.retries > 0
+
+        async def retried() -> bool:
+            return store.stats.retries > 0
+
+        await wait_until(retried)
         assert (await one_job(store)).status is JobStatus.QUEUED  # readers are not blocked (WAL)
         release.set()
         await holder
@@ -889,3 +932,56 @@ async def test_postgresql_writer_survives_its_connections_being_killed(pg_url: s
         events = await job_events_of(store)
     assert stored.status is JobStatus.SUCCESS
     assert shape(events) == JOB20_EVENTS
+
+
+async def test_postgresql_writer_retries_when_its_connection_dies_mid_write(pg_url: str) -> None:
+    """The writer's connection is killed while it waits for the write lock: it retries, loses nothing."""
+    versions = [job(p) for p in LIFE20]
+    waiting_for_lock = (
+        "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+        "AND wait_event_type = 'Lock'"
+    )
+    async with Store(pg_url) as store:
+        await store_all(store, versions[:5])
+        admin = await asyncpg.connect(pg_url, timeout=5)
+        try:
+            await admin.execute("SELECT pg_advisory_lock($1)", _WRITE_LOCK_KEY)  # as another writer would
+            for version in versions[5:]:
+                await store.put(JobVersion(BACKEND, version))
+            await wait_until(lambda: admin.fetchval(f"SELECT count(*) > 0 {waiting_for_lock}"))
+            killed = await admin.fetchval(f"SELECT count(pg_terminate_backend(pid)) {waiting_for_lock}")
+            assert killed == 1
+
+            async def retried() -> bool:
+                return store.stats.retries > 0
+
+            await wait_until(retried)
+            assert (await one_job(store)).status is JobStatus.RUNNING  # nothing of the batch went in
+            await admin.execute("SELECT pg_advisory_unlock($1)", _WRITE_LOCK_KEY)
+        finally:
+            await admin.close()
+        async with asyncio.timeout(WAIT):
+            await store.flush()
+        stored = await one_job(store)
+        events = await job_events_of(store)
+    assert stored.status is JobStatus.SUCCESS
+    assert shape(events) == JOB20_EVENTS
+    assert_consistent(stored, events)
+
+
+async def test_two_stores_adding_the_same_backend_at_once_need_no_retry(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two watchers starting together on a new database: the backend row is made once, quietly.
+
+    (On SQLite a deferred transaction that reads and then writes fails at once with
+    "database is locked" when another writer got in between, whatever the busy timeout.)
+    """
+    caplog.set_level(logging.WARNING, logger="synnefo_ganeti.store")
+    async with Store(db_url) as a, Store(db_url) as b:
+        await asyncio.gather(store_all(a, [job(LIFE20[0])]), store_all(b, [job(LIFE20[0])]))
+        assert (a.stats.retries, b.stats.retries) == (0, 0)
+        assert sorted([a.stats.applied, b.stats.applied]) == [0, 1]
+        assert await a.backends() == [BACKEND]
+        assert len(await job_events_of(a)) == 2
+    assert [r.getMessage() for r in caplog.records] == []
