@@ -206,7 +206,7 @@ class QueueWatcher:
                 reason = _os_reason(exc)
                 if reason != problem:
                     log.error(
-                        "queue directory %s: %s; retrying every %.0f s",
+                        "queue directory %s: %s; retrying every %g s",
                         self.queue_dir,
                         reason,
                         self.retry_interval,
