@@ -7,6 +7,12 @@ database); :meth:`Store.put` queues job-file versions for its one batching write
 
 from __future__ import annotations
 
+from synnefo_ganeti.store._instances import (
+    InstanceAction,
+    InstanceStatus,
+    StoredInstance,
+    instance_status_after,
+)
 from synnefo_ganeti.store._migrate import current_revision, head_revision, upgrade
 from synnefo_ganeti.store._store import (
     CommitInfo,
@@ -23,16 +29,20 @@ from synnefo_ganeti.store._urls import display_url, normalize_url
 
 __all__ = [
     "CommitInfo",
+    "InstanceAction",
+    "InstanceStatus",
     "JobVersion",
     "PruneResult",
     "Store",
     "StoredEvent",
+    "StoredInstance",
     "StoredJob",
     "StoredOp",
     "WriterStats",
     "current_revision",
     "display_url",
     "head_revision",
+    "instance_status_after",
     "normalize_url",
     "upgrade",
     "upgrade_database",

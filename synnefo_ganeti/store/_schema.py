@@ -16,6 +16,7 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     Dialect,
+    Double,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
@@ -28,7 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["Backend", "Base", "Instance", "Job", "JobEventRow", "UTCDateTime", "metadata"]
+__all__ = ["Backend", "Base", "Instance", "InstanceJob", "Job", "JobEventRow", "UTCDateTime", "metadata"]
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -80,7 +81,13 @@ class Backend(Base):
 
 
 class Instance(Base):
-    """A virtual machine this control plane knows of (its state follows job events)."""
+    """A virtual machine this control plane knows of; its ``status`` follows job events.
+
+    ``status`` is one of BUILD, STARTED, STOPPED, ERROR, DESTROYED. ``beparams``, ``nics``,
+    ``disks`` and ``tags`` are what the control plane expects Ganeti to report (from the
+    spec at create, then as the reconciler saw it); ``state_time`` is the end time of the
+    last job applied to ``status``, so that an older job's end changes nothing.
+    """
 
     __tablename__ = "instances"
     __table_args__ = (UniqueConstraint("backend_id", "name"),)
@@ -89,8 +96,38 @@ class Instance(Base):
     backend_id: Mapped[int] = mapped_column(ForeignKey("backends.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(16))
+    owned: Mapped[bool] = mapped_column(Boolean, default=True)
+    os: Mapped[str | None] = mapped_column(String(255))
+    disk_template: Mapped[str | None] = mapped_column(String(32))
+    beparams: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    nics: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    disks: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    tags: Mapped[list[str] | None] = mapped_column(JSON)
+    create_job_id: Mapped[int | None] = mapped_column(BigInteger)
+    state_time: Mapped[float | None] = mapped_column(Double)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+
+
+class InstanceJob(Base):
+    """A job the control plane submitted for an instance: what its end means for the instance.
+
+    ``action`` is create, startup, shutdown, reboot, remove or modify; ``start`` (create)
+    says whether the instance was to be started; ``params`` (modify) the beparams asked for.
+    ``applied_at`` is set once the job's final status was applied to the instance.
+    """
+
+    __tablename__ = "instance_jobs"
+
+    backend_id: Mapped[int] = mapped_column(ForeignKey("backends.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    instance_id: Mapped[int] = mapped_column(ForeignKey("instances.id", ondelete="CASCADE"), index=True)
+    action: Mapped[str] = mapped_column(String(16))
+    start: Mapped[bool | None] = mapped_column(Boolean)
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    recorded_at: Mapped[datetime]
+    applied_at: Mapped[datetime | None]
+    result: Mapped[str | None] = mapped_column(String(16))
 
 
 class Job(Base):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -28,7 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Self, cast
+from typing import Any, Self, TypeVar, cast
 
 import orjson
 from sqlalchemy import (
@@ -58,6 +59,15 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti.errors import StoreError
 from synnefo_ganeti.jobs import EventKind, JobFile, JobStatus, JobSummary, job_events
 from synnefo_ganeti.store import _migrate
+from synnefo_ganeti.store._instances import (
+    InstanceAction,
+    InstanceStatus,
+    StoredInstance,
+    apply_final_jobs,
+    instance_jobs_t,
+    instances_t,
+    stored_final_job,
+)
 from synnefo_ganeti.store._schema import Backend, Job, JobEventRow
 from synnefo_ganeti.store._urls import display_url, normalize_url
 
@@ -73,6 +83,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("synnefo_ganeti.store")
+
+T = TypeVar("T")
 
 NOTIFY_CHANNEL = "synnefo_ganeti_events"
 # pg_advisory_xact_lock key of the writers: "sg-write" as an int64
@@ -236,7 +248,15 @@ class PruneResult:
     jobs: int
 
 
-_Pending = JobVersion | None
+@dataclass(slots=True)
+class _Call:
+    """A write of the facade's or the reconciler's, run by the writer in a transaction of its own."""
+
+    fn: Callable[[Connection], Any]
+    future: asyncio.Future[Any]
+
+
+_Pending = JobVersion | _Call | None
 
 
 class Store:
@@ -470,14 +490,14 @@ class Store:
         queue = self._queue
         stopping = False
         while not stopping:
+            items: list[JobVersion | _Call] = []
             first = await queue.get()
-            batch: list[JobVersion] = []
             taken = 1
             if first is None:
                 stopping = True
             else:
-                batch.append(first)
-            while len(batch) < self.batch_size and not stopping:
+                items.append(first)
+            while len(items) < self.batch_size and not stopping:
                 try:
                     item = queue.get_nowait()
                 except asyncio.QueueEmpty:
@@ -486,13 +506,83 @@ class Store:
                 if item is None:
                     stopping = True
                 else:
-                    batch.append(item)
+                    items.append(item)
             try:
+                # versions in one transaction; a call between them in one of its own, in order
+                batch: list[JobVersion] = []
+                for item in items:
+                    if isinstance(item, _Call):
+                        if batch:
+                            await self._write_with_retry(batch)
+                            batch = []
+                        await self._call_with_retry(item)
+                    else:
+                        batch.append(item)
                 if batch:
                     await self._write_with_retry(batch)
             finally:
                 for _ in range(taken):
                     queue.task_done()
+
+    async def _call_with_retry(self, call: _Call) -> None:
+        delay = 0.05
+        for attempt in range(60):
+            try:
+                result = await self._run_transaction(call.fn)
+            except IntegrityError as exc:
+                if not call.future.done():
+                    call.future.set_exception(self._error("conflict writing to", exc))
+                return
+            except (DBAPIError, OSError, TimeoutError, ConnectionError) as exc:
+                self.stats.retries += 1
+                metrics.STORE_WRITE_RETRIES.inc()
+                if attempt == 0:
+                    log.warning("database %s unavailable (%s); retrying", self.display_url, _reason(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            except Exception as exc:
+                if not call.future.done():
+                    call.future.set_exception(exc)
+                return
+            if not call.future.done():
+                call.future.set_result(result)
+            self._wake()
+            return
+        if not call.future.done():
+            call.future.set_exception(
+                StoreError(
+                    f"database {self.display_url} stayed unavailable; nothing written", url=self.display_url
+                )
+            )
+
+    async def _run_transaction(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` in one write transaction: in the writer's thread (SQLite file) or via run_sync."""
+        if self._sync_engine is not None:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._sync_executor, self._transaction_in_thread, fn)
+        async with self.engine.connect() as conn:
+            conn = await self._begin_write(conn)
+            result = await conn.run_sync(fn)
+            await conn.commit()
+        return result
+
+    def _transaction_in_thread(self, fn: Callable[[Connection], T]) -> T:
+        assert self._sync_engine is not None
+        with self._sync_engine.connect() as conn:
+            conn.execution_options(sqlite_immediate=True)
+            conn.begin()
+            result = fn(conn)
+            conn.commit()
+        return result
+
+    async def call(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn(connection)`` in a write transaction of the writer task; its result."""
+        if self._queue is None or self._closed:
+            raise RuntimeError("the store is not open")
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Call(fn, future))
+        return await future
 
     async def _write_with_retry(self, batch: list[JobVersion]) -> None:
         delay = 0.05
@@ -576,33 +666,11 @@ class Store:
 
     async def _write(self, batch: list[JobVersion]) -> None:
         await self._ensure_backends(version.backend for version in batch)
-        if self._sync_engine is not None:
-            loop = asyncio.get_running_loop()
-            done = await loop.run_in_executor(self._sync_executor, self._write_in_thread, batch)
-        else:
-            async with self.engine.connect() as conn:
-                conn = await self._begin_write(conn)
-                done = await conn.run_sync(self._apply, batch)
-                await conn.commit()
+        done = await self._run_transaction(functools.partial(self._apply, batch=batch))
         self._committed(batch, *done)
 
-    def _write_in_thread(self, batch: list[JobVersion]) -> tuple[list[tuple[str, JobSummary]], int, int, int]:
-        """A SQLite file's transaction, whole, in the writer's thread.
-
-        Through aiosqlite every statement took several hops to its thread and back, each
-        waiting for a turn of the event loop: ~18 per transaction, 2 ms of CPU and, with
-        the loop busy reading job files, tens of milliseconds. Here it is one hop.
-        """
-        assert self._sync_engine is not None
-        with self._sync_engine.connect() as conn:
-            conn.execution_options(sqlite_immediate=True)
-            conn.begin()
-            done = self._apply(conn, batch)
-            conn.commit()
-        return done
-
     def _apply(
-        self, conn: Connection, batch: list[JobVersion]
+        self, conn: Connection, *, batch: list[JobVersion]
     ) -> tuple[list[tuple[str, JobSummary]], int, int, int]:
         """Inside the writer's transaction: what the database holds of the batch's jobs, then
         the versions that supersede it and their events. Returns (applied, skipped, older, events)."""
@@ -617,6 +685,7 @@ class Store:
         archive_only: list[dict[str, Any]] = []
         event_rows: list[dict[str, Any]] = []
         applied: list[tuple[str, JobSummary]] = []
+        finals: list[tuple[int, int, JobSummary]] = []
         skipped = older = 0
         for backend_id, jobs in grouped.items():
             backend = self._backend_names[backend_id]
@@ -667,6 +736,8 @@ class Store:
                     revisions += 1
                     applied.append((backend, current))
                 if last is not None and summary is not None:
+                    if summary.status.is_final:
+                        finals.append((backend_id, job_id, summary))
                     values = _job_values(summary, archived=archived, now=now)
                     values["event_count"] = count
                     if row is None:
@@ -691,6 +762,9 @@ class Store:
             conn.execute(_INSERT_EVENTS, event_rows)
             if self.dialect == "postgresql":
                 conn.execute(_NOTIFY, {"channel": NOTIFY_CHANNEL})
+        if finals:
+            # the instances these jobs were submitted for follow their end
+            apply_final_jobs(conn, finals, now)
         return applied, skipped, older, len(event_rows)
 
     def _committed(
@@ -928,6 +1002,190 @@ class Store:
                 with contextlib.suppress(Exception):
                     await driver.remove_listener(NOTIFY_CHANNEL, on_notify)
 
+    # -- instances -------------------------------------------------------------------------------
+
+    async def add_instance(
+        self,
+        backend: str,
+        name: str,
+        *,
+        status: InstanceStatus = InstanceStatus.BUILD,
+        owned: bool = True,
+        os: str | None = None,
+        disk_template: str | None = None,
+        beparams: dict[str, Any] | None = None,
+        nics: list[dict[str, Any]] | None = None,
+        disks: list[dict[str, Any]] | None = None,
+        tags: list[str] | None = None,
+    ) -> StoredInstance:
+        """Write an instance row (BUILD by default). A name whose instance was DESTROYED or
+        ended in ERROR starts a new life; any other existing row is a :class:`StoreError`."""
+        backend_id = await self.ensure_backend(backend)
+
+        def run(conn: Connection) -> StoredInstance:
+            now = datetime.now(UTC)
+            where = (instances_t.c.backend_id == backend_id, instances_t.c.name == name)
+            row = conn.execute(select(instances_t.c.id, instances_t.c.status).where(*where)).first()
+            values = {
+                "status": InstanceStatus(status).value,
+                "owned": owned,
+                "os": os,
+                "disk_template": disk_template,
+                "beparams": beparams,
+                "nics": nics,
+                "disks": disks,
+                "tags": tags,
+                "create_job_id": None,
+                "state_time": None,
+                "updated_at": now,
+            }
+            if row is None:
+                conn.execute(
+                    insert(instances_t).values(backend_id=backend_id, name=name, created_at=now, **values)
+                )
+            elif row.status in (InstanceStatus.DESTROYED, InstanceStatus.ERROR):
+                # jobs of the name's previous life must not move the new one
+                conn.execute(
+                    delete(instance_jobs_t).where(
+                        instance_jobs_t.c.instance_id == row.id, instance_jobs_t.c.applied_at.is_(None)
+                    )
+                )
+                conn.execute(update(instances_t).where(instances_t.c.id == row.id).values(**values))
+            else:
+                raise StoreError(
+                    f"instance {name} of backend {backend} is already in the database ({row.status}); "
+                    "delete it first or pick another name",
+                    url=self.display_url,
+                )
+            return _instance(conn, backend_id, backend, name)
+
+        return await self.call(run)
+
+    async def record_instance_job(
+        self,
+        backend: str,
+        name: str,
+        job_id: int,
+        action: InstanceAction | str,
+        *,
+        start: bool | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> StoredInstance:
+        """Record that ``job_id`` was submitted for instance ``name``; if the database already
+        holds the job's end (the watcher was faster), it is applied now."""
+        backend_id = await self.ensure_backend(backend)
+        action = InstanceAction(action)
+
+        def run(conn: Connection) -> StoredInstance:
+            now = datetime.now(UTC)
+            instance = _instance(conn, backend_id, backend, name)
+            exists_already = conn.execute(
+                select(instance_jobs_t.c.job_id).where(
+                    instance_jobs_t.c.backend_id == backend_id, instance_jobs_t.c.job_id == job_id
+                )
+            ).first()
+            if exists_already is None:
+                conn.execute(
+                    insert(instance_jobs_t).values(
+                        backend_id=backend_id,
+                        job_id=job_id,
+                        instance_id=instance.id,
+                        action=action.value,
+                        start=start,
+                        params=params,
+                        recorded_at=now,
+                    )
+                )
+            if action is InstanceAction.CREATE:
+                conn.execute(
+                    update(instances_t)
+                    .where(instances_t.c.id == instance.id)
+                    .values(create_job_id=job_id, updated_at=now)
+                )
+            summary = stored_final_job(conn, backend_id, job_id)
+            if summary is not None:
+                apply_final_jobs(conn, [(backend_id, job_id, summary)], now)
+            return _instance(conn, backend_id, backend, name)
+
+        return await self.call(run)
+
+    async def update_instance(self, backend: str, name: str, **values: Any) -> StoredInstance:
+        """Set columns of one instance (the reconciler's DB-side fixes)."""
+        allowed = {
+            "status",
+            "owned",
+            "os",
+            "disk_template",
+            "beparams",
+            "nics",
+            "disks",
+            "tags",
+            "state_time",
+        }
+        unknown = set(values) - allowed
+        if unknown:
+            raise ValueError(f"not instance fields: {', '.join(sorted(unknown))}")
+        if "status" in values:
+            values["status"] = InstanceStatus(values["status"]).value
+        backend_id = await self.ensure_backend(backend)
+
+        def run(conn: Connection) -> StoredInstance:
+            instance = _instance(conn, backend_id, backend, name)
+            conn.execute(
+                update(instances_t)
+                .where(instances_t.c.id == instance.id)
+                .values(**values, updated_at=datetime.now(UTC))
+            )
+            return _instance(conn, backend_id, backend, name)
+
+        return await self.call(run)
+
+    async def get_instance(self, backend: str, name: str) -> StoredInstance | None:
+        found = await self.list_instances(backend=backend, name=name)
+        return found[0] if found else None
+
+    async def list_instances(
+        self,
+        *,
+        backend: str | None = None,
+        name: str | None = None,
+        status: Iterable[InstanceStatus | str] | None = None,
+    ) -> list[StoredInstance]:
+        """Instances ordered by backend and name."""
+
+        async def run(conn: AsyncConnection) -> list[StoredInstance]:
+            query = (
+                select(instances_t, backends_t.c.name.label("backend"))
+                .join(backends_t, backends_t.c.id == instances_t.c.backend_id)
+                .order_by(backends_t.c.name, instances_t.c.name)
+            )
+            if backend is not None:
+                query = query.where(backends_t.c.name == backend)
+            if name is not None:
+                query = query.where(instances_t.c.name == name)
+            if status is not None:
+                query = query.where(instances_t.c.status.in_([InstanceStatus(s).value for s in status]))
+            return [StoredInstance.from_row(row, row.backend) for row in await conn.execute(query)]
+
+        result: list[StoredInstance] = await self._read(run)
+        return result
+
+    async def instance_jobs(self, backend: str, name: str) -> list[dict[str, Any]]:
+        """The jobs recorded for an instance: job_id, action, recorded_at, applied_at, result."""
+
+        async def run(conn: AsyncConnection) -> list[dict[str, Any]]:
+            query = (
+                select(instance_jobs_t)
+                .join(instances_t, instances_t.c.id == instance_jobs_t.c.instance_id)
+                .join(backends_t, backends_t.c.id == instances_t.c.backend_id)
+                .where(backends_t.c.name == backend, instances_t.c.name == name)
+                .order_by(instance_jobs_t.c.job_id)
+            )
+            return [dict(row._mapping) for row in await conn.execute(query)]
+
+        result: list[dict[str, Any]] = await self._read(run)
+        return result
+
     # -- retention -------------------------------------------------------------------------------
 
     async def prune(self, older_than: timedelta) -> PruneResult:
@@ -1099,3 +1357,12 @@ async def upgrade_database(url: str | URL) -> tuple[str, str | None, str | None]
     finally:
         await engine.dispose()
     return store.display_url, before, after
+
+
+def _instance(conn: Connection, backend_id: int, backend: str, name: str) -> StoredInstance:
+    row = conn.execute(
+        select(instances_t).where(instances_t.c.backend_id == backend_id, instances_t.c.name == name)
+    ).first()
+    if row is None:
+        raise StoreError(f"instance {name} of backend {backend} is not in the database")
+    return StoredInstance.from_row(row, backend)

@@ -1,0 +1,220 @@
+"""Instances in the database, and their state following the end of the jobs submitted for them.
+
+Synnefo's dispatcher callbacks moved a server's state on each job event; here the
+writer does it in the same transaction that stores a job's final version, for every
+job the control plane recorded against an instance (``instance_jobs``). The facade
+may record a job after the watcher stored its end (the watcher can be faster): then
+the end is applied when the job is recorded. Each job is applied once.
+
+All functions here run inside the writer's transaction, on a synchronous connection.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import Connection, Row, Table, select, update
+
+from synnefo_ganeti.jobs import JobStatus, JobSummary
+from synnefo_ganeti.store._schema import Backend, Instance, InstanceJob, Job
+
+__all__ = [
+    "InstanceAction",
+    "InstanceStatus",
+    "StoredInstance",
+    "apply_final_jobs",
+    "instance_jobs_t",
+    "instance_status_after",
+    "instances_t",
+    "stored_final_job",
+]
+
+instances_t = cast(Table, Instance.__table__)
+instance_jobs_t = cast(Table, InstanceJob.__table__)
+jobs_t = cast(Table, Job.__table__)
+backends_t = cast(Table, Backend.__table__)
+
+
+class InstanceStatus(enum.StrEnum):
+    BUILD = "BUILD"
+    STARTED = "STARTED"
+    STOPPED = "STOPPED"
+    ERROR = "ERROR"
+    DESTROYED = "DESTROYED"
+
+
+class InstanceAction(enum.StrEnum):
+    CREATE = "create"
+    STARTUP = "startup"
+    SHUTDOWN = "shutdown"
+    REBOOT = "reboot"
+    REMOVE = "remove"
+    MODIFY = "modify"
+
+
+def instance_status_after(
+    action: InstanceAction, job_status: JobStatus, *, start: bool | None = None
+) -> InstanceStatus | None:
+    """The instance's status once a job of ``action`` ended in ``job_status``; None: unchanged."""
+    if not job_status.is_final:
+        return None
+    success = job_status is JobStatus.SUCCESS
+    if action is InstanceAction.CREATE:
+        if success:
+            return InstanceStatus.STARTED if start is not False else InstanceStatus.STOPPED
+        return InstanceStatus.ERROR
+    if not success:
+        return None  # a failed startup, shutdown, reboot, remove or modify leaves the state alone
+    return {
+        InstanceAction.STARTUP: InstanceStatus.STARTED,
+        InstanceAction.REBOOT: InstanceStatus.STARTED,
+        InstanceAction.SHUTDOWN: InstanceStatus.STOPPED,
+        InstanceAction.REMOVE: InstanceStatus.DESTROYED,
+    }.get(action)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class StoredInstance:
+    id: int
+    backend: str
+    name: str
+    status: InstanceStatus
+    owned: bool
+    os: str | None
+    disk_template: str | None
+    beparams: dict[str, Any] | None
+    nics: list[dict[str, Any]] | None
+    disks: list[dict[str, Any]] | None
+    tags: list[str] | None
+    create_job_id: int | None
+    state_time: float | None
+    created_at: datetime
+    updated_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "name": self.name,
+            "status": self.status.value,
+            "owned": self.owned,
+            "os": self.os,
+            "disk_template": self.disk_template,
+            "beparams": self.beparams,
+            "nics": self.nics,
+            "disks": self.disks,
+            "tags": self.tags,
+            "create_job_id": self.create_job_id,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+        }
+
+    @classmethod
+    def from_row(cls, row: Row[Any], backend: str) -> StoredInstance:
+        return cls(
+            id=row.id,
+            backend=backend,
+            name=row.name,
+            status=InstanceStatus(row.status),
+            owned=bool(row.owned),
+            os=row.os,
+            disk_template=row.disk_template,
+            beparams=row.beparams,
+            nics=row.nics,
+            disks=row.disks,
+            tags=row.tags,
+            create_job_id=row.create_job_id,
+            state_time=row.state_time,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+def _end_time(summary: JobSummary) -> float | None:
+    if summary.end_time is not None:
+        return summary.end_time
+    times = [op.end_time for op in summary.ops if op.end_time is not None]
+    return max(times) if times else None
+
+
+def apply_final_jobs(
+    conn: Connection, finals: Iterable[tuple[int, int, JobSummary]], now: datetime | None = None
+) -> int:
+    """Apply the end of each final job recorded against an instance and not applied yet.
+
+    ``finals`` are (backend id, job id, final summary). Returns how many instances changed.
+    """
+    now = now or datetime.now(UTC)
+    by_backend: dict[int, dict[int, JobSummary]] = {}
+    for backend_id, job_id, summary in finals:
+        by_backend.setdefault(backend_id, {})[job_id] = summary
+    changed = 0
+    for backend_id, summaries in by_backend.items():
+        ids = list(summaries)
+        for start in range(0, len(ids), 500):
+            rows = conn.execute(
+                select(
+                    instance_jobs_t.c.job_id,
+                    instance_jobs_t.c.action,
+                    instance_jobs_t.c.start,
+                    instance_jobs_t.c.params,
+                    instances_t.c.id.label("instance_id"),
+                    instances_t.c.status,
+                    instances_t.c.beparams,
+                    instances_t.c.state_time,
+                )
+                .join(instances_t, instances_t.c.id == instance_jobs_t.c.instance_id)
+                .where(
+                    instance_jobs_t.c.backend_id == backend_id,
+                    instance_jobs_t.c.job_id.in_(ids[start : start + 500]),
+                    instance_jobs_t.c.applied_at.is_(None),
+                )
+                .order_by(instance_jobs_t.c.job_id)
+            ).all()
+            for row in rows:
+                changed += _apply_one(conn, backend_id, row, summaries[row.job_id], now)
+    return changed
+
+
+def _apply_one(conn: Connection, backend_id: int, row: Any, summary: JobSummary, now: datetime) -> int:
+    status = summary.status
+    conn.execute(
+        update(instance_jobs_t)
+        .where(instance_jobs_t.c.backend_id == backend_id, instance_jobs_t.c.job_id == row.job_id)
+        .values(applied_at=now, result=status.value)
+    )
+    action = InstanceAction(row.action)
+    end = _end_time(summary)
+    if row.state_time is not None and end is not None and end < row.state_time:
+        return 0  # an older job's end arriving late: the instance moved on since
+    values: dict[str, Any] = {}
+    new_status = instance_status_after(action, status, start=row.start)
+    if new_status is not None and new_status.value != row.status:
+        values["status"] = new_status.value
+    if action is InstanceAction.MODIFY and status is JobStatus.SUCCESS and row.params:
+        values["beparams"] = {**(row.beparams or {}), **row.params}
+    if new_status is not None or values:
+        values["state_time"] = end if end is not None else row.state_time
+    if not values:
+        return 0
+    values["updated_at"] = now
+    conn.execute(update(instances_t).where(instances_t.c.id == row.instance_id).values(**values))
+    return 1
+
+
+def stored_final_job(conn: Connection, backend_id: int, job_id: int) -> JobSummary | None:
+    """The job's stored summary if the database holds it as final."""
+    row = conn.execute(
+        select(jobs_t.c.summary).where(jobs_t.c.backend_id == backend_id, jobs_t.c.job_id == job_id)
+    ).first()
+    if row is None:
+        return None
+    summary = JobSummary.from_json(row.summary)
+    return summary if summary.status.is_final else None
