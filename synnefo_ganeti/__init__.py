@@ -6,6 +6,7 @@ The public face of the package; everything here is a stable name.
 from __future__ import annotations
 
 from synnefo_ganeti._version import __version__
+from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.errors import (
     AuthenticationError,
     BadRequestError,
@@ -18,6 +19,7 @@ from synnefo_ganeti.errors import (
     RapiConnectionError,
     RapiError,
     RapiTimeoutError,
+    StoreError,
     TLSError,
     TransportError,
     UnavailableError,
@@ -45,6 +47,7 @@ __all__ = [
     "CancelResult",
     "ClusterInfo",
     "ConfigError",
+    "ControlPlane",
     "CreateOutcomeUnknownError",
     "CreateProgress",
     "GanetiError",
@@ -63,6 +66,7 @@ __all__ = [
     "RapiError",
     "RapiTimeoutError",
     "RetryPolicy",
+    "StoreError",
     "TLSError",
     "Timestamp",
     "TransportError",
