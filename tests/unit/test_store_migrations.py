@@ -90,3 +90,33 @@ async def test_the_comparison_sees_a_model_change(engine: AsyncEngine) -> None:
     changed.tables["jobs"].append_column(Column("color", String(8), nullable=True))
     diff = await _run(engine, _diff, changed)
     assert [(d[0], d[3].name) for d in diff] == [("add_column", "color")]
+
+
+async def test_0002_keeps_the_rows_of_0001(db_url: str, engine: AsyncEngine) -> None:
+    """Upgrading a database with instances and jobs in it: rows stay, new columns get defaults."""
+    from sqlalchemy import text
+
+    await _run(engine, _command, "upgrade", "0001")
+
+    def fill(connection: Connection) -> None:
+        connection.execute(
+            text("INSERT INTO backends (id, name, created_at) VALUES (1, 'b1', CURRENT_TIMESTAMP)")
+        )
+        connection.execute(
+            text(
+                "INSERT INTO instances (id, backend_id, name, status, created_at, updated_at) "
+                "VALUES (1, 1, 'vm1', 'STARTED', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+            )
+        )
+
+    await _run(engine, fill)
+    await _run(engine, _command, "upgrade", "head")
+
+    def read(connection: Connection) -> list[Any]:
+        return list(connection.execute(text("SELECT name, status, owned, beparams FROM instances")).all())
+
+    (row,) = await _run(engine, read)
+    assert (row.name, row.status, bool(row.owned), row.beparams) == ("vm1", "STARTED", True, None)
+    async with Store(db_url, create=False) as store:
+        (instance,) = await store.list_instances()
+        assert instance.name == "vm1" and instance.owned and instance.backend == "b1"
