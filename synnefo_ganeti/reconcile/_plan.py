@@ -1,0 +1,391 @@
+"""Snapshots, drifts, and :func:`plan`: what differs between the database and Ganeti. Pure code.
+
+Per backend the reconciler takes one snapshot of the database (its instances, and its
+jobs not final) and then one of Ganeti (``/2/instances?bulk=1``, ``/2/jobs?bulk=1``,
+and ``GET /2/jobs/ID`` for the jobs the database needs that the listing lacks).
+:func:`plan` compares them in one pass over each, without I/O.
+
+Rules, in the words of the drift kinds:
+
+* Only instances the database holds as ``owned`` are checked; ``DESTROYED`` rows are
+  checked only as the absence of an instance (an owned instance in Ganeti that the
+  database holds as DESTROYED, or not at all, is an ``orphan``). Instances in Ganeti
+  that are not ours (``GanetiSnapshot.owned``) are ignored.
+* An instance with a job in flight is left alone for this cycle (no ``stale``,
+  ``orphan``, ``operstate``, ``flavor``, ``nics``, ``disks`` or ``tags`` drift): a job
+  not final in Ganeti's listing, a job that ended after the database snapshot was taken
+  (the watcher may not have stored it yet), or a job the database holds as not final.
+* ``building``: an instance in BUILD whose create job (recorded, or else a create of
+  that name in Ganeti's listing) is still running is no drift; one whose create job
+  succeeded, failed, was canceled or is gone is. The fix: STARTED or STOPPED as Ganeti
+  runs the instance; ERROR when the job failed or was canceled, or when Ganeti has
+  neither the job nor the instance. An instance in BUILD with no create job recorded
+  nor seen gets ``build_grace`` seconds (the facade records the job right after
+  submitting it) before it is a drift.
+* ``operstate``: Ganeti's state is STARTED when ``admin_state`` is ``up`` and the
+  instance runs (``oper_state`` true, or unknown for an offline node), else STOPPED.
+  A STARTED or STOPPED row that differs is a drift (the fix takes Ganeti's state).
+  An ERROR row is a drift only when Ganeti runs the instance; an ERROR row missing from
+  Ganeti is consistent (a create that failed), not stale.
+* ``flavor``, ``nics``, ``disks``, ``tags``: the expectation the row records (only what
+  it names) against what Ganeti reports (see :mod:`._observe`); the fix records
+  Ganeti's values.
+* ``stale``: a STARTED or STOPPED row missing from Ganeti (fix: DESTROYED).
+* ``job``: a job the database holds as not final that Ganeti reports final (fix: store
+  the final version, so its events and the instance's state follow); one Ganeti no
+  longer knows at all (``GET /2/jobs/ID`` answering nulls) is reported as unknown,
+  never taken as failed, and has no fix.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from synnefo_ganeti.jobs import JobStatus
+from synnefo_ganeti.rapi import Instance, Job
+from synnefo_ganeti.reconcile._observe import (
+    beparams_differ,
+    disks_differ,
+    nics_differ,
+    observed_beparams,
+    observed_disks,
+    observed_nics,
+    tags_differ,
+)
+from synnefo_ganeti.store import InstanceStatus, StoredInstance, StoredJob
+
+__all__ = [
+    "BUILD_GRACE",
+    "DbSnapshot",
+    "Drift",
+    "DriftKind",
+    "Fix",
+    "GanetiSnapshot",
+    "ganeti_state",
+    "job_instances",
+    "plan",
+]
+
+#: seconds an instance may stay in BUILD with no create job recorded or seen
+BUILD_GRACE = 60.0
+
+
+class DriftKind(enum.StrEnum):
+    STALE = "stale"
+    ORPHAN = "orphan"
+    BUILDING = "building"
+    OPERSTATE = "operstate"
+    FLAVOR = "flavor"
+    NICS = "nics"
+    DISKS = "disks"
+    TAGS = "tags"
+    JOB = "job"
+
+
+class Fix(enum.StrEnum):
+    """The database-side fixes, one per drift kind (``orphan`` is fixed in Ganeti, apart)."""
+
+    STALE = "stale"
+    BUILDING = "building"
+    OPERSTATE = "operstate"
+    FLAVOR = "flavor"
+    NICS = "nics"
+    DISKS = "disks"
+    TAGS = "tags"
+    JOBS = "jobs"
+
+    @property
+    def kind(self) -> DriftKind:
+        return DriftKind.JOB if self is Fix.JOBS else DriftKind(self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class DbSnapshot:
+    """One backend's rows: every instance (by name) and the jobs not final (by id)."""
+
+    backend: str
+    instances: dict[str, StoredInstance]
+    jobs: dict[int, StoredJob]
+    taken_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True)
+class GanetiSnapshot:
+    """What one backend's Ganeti reported, taken after the :class:`DbSnapshot`.
+
+    ``jobs``: ``/2/jobs?bulk=1`` (unarchived jobs). ``looked_up``: ``GET /2/jobs/ID`` for
+    the jobs the database needs and the listing lacks; ``None`` for a job Ganeti does
+    not know. ``owned``: the names of Ganeti's instances the ownership settings say are
+    ours (the snapshot records it so that :func:`plan` needs no settings).
+    """
+
+    backend: str
+    instances: dict[str, Instance]
+    jobs: dict[int, Job]
+    looked_up: dict[int, Job | None] = field(default_factory=dict)
+    owned: frozenset[str] = frozenset()
+    taken_at: float = field(default_factory=time.time)
+
+    def job(self, job_id: int) -> Job | None:
+        """The job from the listing or the lookups; ``None`` when unknown or not asked."""
+        found = self.jobs.get(job_id)
+        return found if found is not None else self.looked_up.get(job_id)
+
+
+@dataclass(slots=True)
+class Drift:
+    """One difference. ``fixed`` is set by :func:`~synnefo_ganeti.reconcile.apply`.
+
+    ``status`` (stale, building, operstate) and ``values`` (flavor, nics, disks, tags)
+    are what the database-side fix writes; ``job`` is Ganeti's final job (job drifts).
+    """
+
+    kind: DriftKind
+    backend: str
+    instance: str | None
+    detail: str
+    job_id: int | None = None
+    status: InstanceStatus | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+    job: Job | None = None
+    fixed: bool = False
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "instance": self.instance,
+            "detail": self.detail,
+            "fixed": self.fixed,
+        }
+
+
+def ganeti_state(instance: Instance) -> InstanceStatus:
+    """STARTED when Ganeti means the instance to run and it does (or cannot tell), else STOPPED."""
+    if instance.admin_state == "up" and instance.oper_state is not False:
+        return InstanceStatus.STARTED
+    return InstanceStatus.STOPPED
+
+
+def _op_instances(op: Mapping[str, Any]) -> Iterable[str]:
+    name = op.get("instance_name")
+    if isinstance(name, str):
+        yield name
+    for item in op.get("instances") or ():
+        if isinstance(item, Mapping) and isinstance(item.get("instance_name"), str):
+            yield item["instance_name"]
+
+
+def job_instances(job: Job) -> set[str]:
+    """The instances a job's ops name."""
+    return {name for op in job.ops for name in _op_instances(op)}
+
+
+def _creates(job: Job) -> set[str]:
+    return {
+        name
+        for op in job.ops
+        if op.get("OP_ID") in ("OP_INSTANCE_CREATE", "OP_INSTANCE_MULTI_ALLOC")
+        for name in _op_instances(op)
+    }
+
+
+def _end(job: Job) -> float | None:
+    return job.end_ts.as_float if job.end_ts is not None else None
+
+
+def _when(value: float | datetime | None) -> float | None:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return value
+
+
+def plan(
+    db_snapshot: DbSnapshot, ganeti_snapshot: GanetiSnapshot, *, build_grace: float = BUILD_GRACE
+) -> list[Drift]:
+    """The drifts between one backend's database and Ganeti snapshots (see the module's rules)."""
+    db, gnt = db_snapshot, ganeti_snapshot
+    backend = db.backend
+    drifts: list[Drift] = []
+
+    def ended_after_snapshot(job: Job) -> bool:
+        end = _end(job)
+        return end is not None and end > db.taken_at
+
+    # Instances with a job in flight, and Ganeti's creates by instance name (latest wins).
+    busy: set[str] = set()
+    creates: dict[str, Job] = {}
+    for job in gnt.jobs.values():
+        if not job.is_final or ended_after_snapshot(job):
+            busy.update(job_instances(job))
+        for name in _creates(job):
+            if name not in creates or creates[name].id < job.id:
+                creates[name] = job
+
+    # Jobs the database holds as not final.
+    for job_id, stored in sorted(db.jobs.items()):
+        if stored.is_final:
+            continue
+        if job_id in gnt.jobs:
+            ganeti_job: Job | None = gnt.jobs[job_id]
+        elif job_id in gnt.looked_up:
+            ganeti_job = gnt.looked_up[job_id]
+        else:
+            continue  # not asked about: nothing to say
+        if ganeti_job is not None and stored.instance is not None:
+            # running, or ended and its end not stored yet: the instance's state follows it
+            busy.add(stored.instance)
+        if ganeti_job is None:
+            drifts.append(
+                Drift(
+                    DriftKind.JOB, backend, stored.instance,
+                    f"job {job_id} is {stored.status} in the database and unknown to Ganeti "
+                    "(neither queued nor archived); left as it is",
+                    job_id=job_id,
+                )
+            )  # fmt: skip
+        elif ganeti_job.is_final and not ended_after_snapshot(ganeti_job):
+            drifts.append(
+                Drift(
+                    DriftKind.JOB, backend, stored.instance,
+                    f"job {job_id} is {stored.status} in the database, Ganeti says {ganeti_job.status}",
+                    job_id=job_id, job=ganeti_job,
+                )
+            )  # fmt: skip
+
+    for name, row in db.instances.items():
+        if not row.owned or row.status is InstanceStatus.DESTROYED:
+            continue
+        observed = gnt.instances.get(name)
+        if row.status is InstanceStatus.BUILD:
+            drift = _building(row, observed, gnt, creates.get(name), db.taken_at, build_grace)
+            if drift is not None:
+                drifts.append(drift)
+            continue
+        if name in busy:
+            continue
+        if observed is None:
+            if row.status is not InstanceStatus.ERROR:
+                drifts.append(
+                    Drift(
+                        DriftKind.STALE, backend, name,
+                        f"{row.status} in the database, not in Ganeti",
+                        status=InstanceStatus.DESTROYED,
+                    )
+                )  # fmt: skip
+            continue
+        drifts.extend(_compare(row, observed))
+
+    for name, observed in gnt.instances.items():
+        if name not in gnt.owned or name in busy:
+            continue
+        held_row = db.instances.get(name)
+        if held_row is None or held_row.status is InstanceStatus.DESTROYED:
+            held = "not in the database" if held_row is None else "DESTROYED in the database"
+            drifts.append(
+                Drift(
+                    DriftKind.ORPHAN, backend, name,
+                    f"ours in Ganeti ({observed.status or observed.admin_state}), {held}",
+                )
+            )  # fmt: skip
+    return drifts
+
+
+def _building(
+    row: StoredInstance,
+    observed: Instance | None,
+    gnt: GanetiSnapshot,
+    seen_create: Job | None,
+    taken_at: float,
+    grace: float,
+) -> Drift | None:
+    backend, name = row.backend, row.name
+    job_id = row.create_job_id
+    job = gnt.job(job_id) if job_id is not None else seen_create
+    if job_id is None and job is not None:
+        job_id = job.id
+    if job is not None:
+        if not job.is_final:
+            return None  # still building: leave it
+        end = _end(job)
+        if end is not None and end > taken_at:
+            return None  # ended after the snapshot: the watcher may store it yet
+        if job.status is JobStatus.SUCCESS:
+            target = ganeti_state(observed) if observed is not None else InstanceStatus.ERROR
+            where = f"Ganeti has it {target}" if observed is not None else "Ganeti no longer has the instance"
+            detail = f"BUILD in the database, its create job {job.id} succeeded ({where})"
+        else:
+            target = InstanceStatus.ERROR
+            detail = f"BUILD in the database, its create job {job.id} ended in {job.status}"
+        return Drift(DriftKind.BUILDING, backend, name, detail, job_id=job.id, status=target)
+    if job_id is not None:  # recorded, and Ganeti no longer knows the job
+        if observed is not None:
+            target = ganeti_state(observed)
+            detail = (
+                f"BUILD in the database, its create job {job_id} is unknown to Ganeti, which has it {target}"
+            )
+        else:
+            target = InstanceStatus.ERROR
+            detail = f"BUILD in the database, its create job {job_id} and the instance are unknown to Ganeti"
+        return Drift(DriftKind.BUILDING, backend, name, detail, job_id=job_id, status=target)
+    if observed is not None:
+        target = ganeti_state(observed)
+        detail = f"BUILD in the database with no create job recorded; Ganeti has it {target}"
+        return Drift(DriftKind.BUILDING, backend, name, detail, status=target)
+    since = _when(row.updated_at)
+    if since is not None and taken_at - since < grace:
+        return None  # the create may be on its way
+    return Drift(
+        DriftKind.BUILDING, backend, name,
+        "BUILD in the database with no create job recorded, not in Ganeti",
+        status=InstanceStatus.ERROR,
+    )  # fmt: skip
+
+
+def _compare(row: StoredInstance, observed: Instance) -> list[Drift]:
+    backend, name = row.backend, row.name
+    drifts: list[Drift] = []
+    state = ganeti_state(observed)
+    if row.status is InstanceStatus.ERROR:
+        if state is InstanceStatus.STARTED:
+            drifts.append(
+                Drift(
+                    DriftKind.OPERSTATE, backend, name, "ERROR in the database, Ganeti runs it", status=state
+                )
+            )
+    elif row.status is not state:
+        drifts.append(
+            Drift(
+                DriftKind.OPERSTATE, backend, name,
+                f"{row.status} in the database, {state} in Ganeti "
+                f"(admin_state {observed.admin_state}, oper_state {observed.oper_state})",
+                status=state,
+            )
+        )  # fmt: skip
+    flavor = beparams_differ(row.beparams, observed)
+    if flavor:
+        text = ", ".join(
+            f"{key} {want!r} expected, Ganeti has {have!r}" for key, (want, have) in sorted(flavor.items())
+        )
+        drifts.append(
+            Drift(DriftKind.FLAVOR, backend, name, text, values={"beparams": observed_beparams(observed)})
+        )
+    nics = nics_differ(row.nics, observed)
+    if nics is not None:
+        drifts.append(Drift(DriftKind.NICS, backend, name, nics, values={"nics": observed_nics(observed)}))
+    disks = disks_differ(row.disks, observed)
+    if disks is not None:
+        drifts.append(
+            Drift(DriftKind.DISKS, backend, name, disks, values={"disks": observed_disks(observed)})
+        )
+    tags = tags_differ(row.tags, observed)
+    if tags is not None:
+        drifts.append(
+            Drift(DriftKind.TAGS, backend, name, f"tags {tags}", values={"tags": sorted(set(observed.tags))})
+        )
+    return drifts

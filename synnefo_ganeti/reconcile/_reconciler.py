@@ -1,0 +1,462 @@
+"""The reconciler: snapshots of every backend at once, :func:`plan`, and the opt-in fixes.
+
+``async with Reconciler(settings) as reconciler: report = await reconciler.run_once()``.
+Per backend: one query of instances and one of jobs not final, then Ganeti's
+instances and jobs fetched concurrently, then ``GET /2/jobs/ID`` (bounded) for the
+jobs the database needs that the listing lacks; all under the backend's timeout. A
+backend that fails or is too slow gets ``ok=False`` and a one-line reason; the others
+finish. Fixes are opt-in (see :class:`Fix`); the only Ganeti-side action, deleting an
+orphan, needs ``delete_orphans=True``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Self
+
+from synnefo_ganeti.errors import GanetiError, JobNotFoundError
+from synnefo_ganeti.jobs import JobFile, JobStatus, LogLine, OpState
+from synnefo_ganeti.rapi import Job, RapiClient
+from synnefo_ganeti.reconcile._plan import (
+    BUILD_GRACE,
+    DbSnapshot,
+    Drift,
+    DriftKind,
+    Fix,
+    GanetiSnapshot,
+    plan,
+)
+from synnefo_ganeti.store import InstanceStatus, JobVersion, Store
+
+if TYPE_CHECKING:
+    from synnefo_ganeti.config import Settings
+
+__all__ = [
+    "BackendReport",
+    "Reconciler",
+    "Report",
+    "apply",
+    "job_file",
+    "snapshot_db",
+    "snapshot_ganeti",
+]
+
+log = logging.getLogger("synnefo_ganeti.reconcile")
+
+_NOT_FINAL = [status for status in JobStatus if not status.is_final]
+
+
+# -- reports -----------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class BackendReport:
+    """One backend's outcome: ``ok`` False with ``error`` when it could not be checked."""
+
+    name: str
+    ok: bool
+    error: str | None = None
+    drifts: list[Drift] = field(default_factory=list)
+    duration: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "error": self.error,
+            "drifts": [drift.to_json() for drift in self.drifts],
+        }
+
+
+@dataclass(slots=True)
+class Report:
+    backends: list[BackendReport] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        """Every backend checked, no drift found."""
+        return all(backend.ok and not backend.drifts for backend in self.backends)
+
+    @property
+    def ok(self) -> bool:
+        """Every backend could be checked."""
+        return all(backend.ok for backend in self.backends)
+
+    @property
+    def drifts(self) -> list[Drift]:
+        return [drift for backend in self.backends for drift in backend.drifts]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backends": [backend.to_json() for backend in self.backends]}
+
+    def summary(self) -> str:
+        parts = []
+        for backend in self.backends:
+            if not backend.ok:
+                parts.append(f"{backend.name}: failed ({backend.error})")
+                continue
+            fixed = sum(drift.fixed for drift in backend.drifts)
+            parts.append(f"{backend.name}: {len(backend.drifts)} drifts, {fixed} fixed")
+        return "; ".join(parts) or "no backends"
+
+
+# -- snapshots ---------------------------------------------------------------------------------------
+
+
+async def snapshot_db(store: Store, backend: str) -> DbSnapshot:
+    """The backend's instances and its jobs not final: two queries, whatever their number."""
+    taken_at = time.time()
+    instances = await store.list_instances(backend=backend)
+    jobs = await store.list_jobs(backend=backend, status=_NOT_FINAL)
+    return DbSnapshot(
+        backend=backend,
+        instances={instance.name: instance for instance in instances},
+        jobs={job.job_id: job for job in jobs},
+        taken_at=taken_at,
+    )
+
+
+async def snapshot_ganeti(
+    client: RapiClient,
+    db: DbSnapshot,
+    *,
+    owns: Callable[[str, list[str]], bool] | None = None,
+    lookup_concurrency: int = 8,
+) -> GanetiSnapshot:
+    """Ganeti's instances and jobs (fetched concurrently), then the lookups the database needs.
+
+    Looked up (``GET /2/jobs/ID``, at most ``lookup_concurrency`` at once): the database's
+    jobs not final and the create jobs of its BUILD instances, when the listing lacks them.
+    ``owns(name, tags) -> bool`` says which instances are ours (none without it).
+    """
+    taken_at = time.time()
+    instances, jobs = await asyncio.gather(client.list_instances(), client.list_jobs())
+    by_id = {job.id: job for job in jobs}
+    wanted = {job_id for job_id in db.jobs if job_id not in by_id}
+    wanted.update(
+        row.create_job_id
+        for row in db.instances.values()
+        if row.status is InstanceStatus.BUILD
+        and row.create_job_id is not None
+        and row.create_job_id not in by_id
+    )
+    slots = asyncio.Semaphore(max(1, lookup_concurrency))
+
+    async def look_up(job_id: int) -> tuple[int, Job | None]:
+        async with slots:
+            try:
+                return job_id, await client.get_job(job_id)
+            except JobNotFoundError:
+                return job_id, None
+
+    looked_up = dict(await asyncio.gather(*(look_up(job_id) for job_id in sorted(wanted))))
+    owned = frozenset(
+        instance.name for instance in instances if owns is not None and owns(instance.name, instance.tags)
+    )
+    return GanetiSnapshot(
+        backend=db.backend,
+        instances={instance.name: instance for instance in instances},
+        jobs=by_id,
+        looked_up=looked_up,
+        owned=owned,
+        taken_at=taken_at,
+    )
+
+
+# -- fixes -------------------------------------------------------------------------------------------
+
+
+def _time(value: Any) -> float | None:
+    return None if value is None else float(value.as_float)
+
+
+def _op_instance(op: Mapping[str, Any]) -> str | None:
+    name = op.get("instance_name")
+    if isinstance(name, str):
+        return name
+    instances = op.get("instances")
+    if isinstance(instances, list) and len(instances) == 1 and isinstance(instances[0], Mapping):
+        single = instances[0].get("instance_name")
+        return single if isinstance(single, str) else None
+    return None
+
+
+def job_file(job: Job) -> JobFile:
+    """A job-file version made of a RAPI job (to store an end the watcher missed).
+
+    RAPI reports no per-op timestamps: ops take the job's start, and final ops its end.
+    """
+    start, end = _time(job.start_ts), _time(job.end_ts)
+    ops = []
+    for index, op_input in enumerate(job.ops):
+        status = job.opstatus[index] if index < len(job.opstatus) else job.status
+        result = job.opresult[index] if job.opresult is not None and index < len(job.opresult) else None
+        entries = job.oplog[index] if job.oplog is not None and index < len(job.oplog) else []
+        lines = tuple(
+            LogLine(
+                int(entry.serial),
+                entry.timestamp.as_float,
+                str(entry.type),
+                entry.message if isinstance(entry.message, str) else json.dumps(entry.message),
+            )
+            for entry in entries
+        )
+        ops.append(
+            OpState(
+                index=index,
+                op_id=str(op_input.get("OP_ID", "")),
+                status=status,
+                instance=_op_instance(op_input),
+                result=result,
+                log=tuple(sorted(lines, key=lambda line: line.serial)),
+                start_time=start if status is not JobStatus.QUEUED else None,
+                exec_time=None,
+                end_time=end if status.is_final else None,
+                input=dict(op_input),
+            )
+        )
+    received = _time(job.received_ts)
+    return JobFile(job_id=job.id, ops=tuple(ops), received_time=received, start_time=start, end_time=end)
+
+
+def _fix_kinds(fixes: Iterable[Fix | str]) -> set[DriftKind]:
+    return {Fix(fix).kind for fix in fixes}
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, GanetiError) else f"{type(exc).__name__}: {exc}"
+
+
+async def apply(
+    drifts: list[Drift],
+    fixes: Collection[Fix | str],
+    *,
+    store: Store,
+    clients: Mapping[str, RapiClient] | None = None,
+    delete_orphans: bool = False,
+) -> list[Drift]:
+    """Fix the drifts whose kind ``fixes`` names (and orphans with ``delete_orphans``).
+
+    Database-side: job drifts first (their final versions stored in one batch, so the
+    instances follow their ends), then each instance's row takes Ganeti's state or
+    values. Ganeti-side: ``DELETE /2/instances/NAME`` for each orphan (the job is not
+    waited for). A fix that fails leaves ``fixed`` False and says why in ``error``; the
+    others go on. Returns ``drifts``.
+    """
+    kinds = _fix_kinds(fixes)
+    clients = clients or {}
+
+    jobs = [d for d in drifts if d.kind is DriftKind.JOB and d.kind in kinds and d.job is not None]
+    queued: list[Drift] = []
+    for drift in jobs:
+        assert drift.job is not None
+        job = drift.job
+        client = clients.get(drift.backend)
+        if job.oplog is None and client is not None:  # the listing's job: get its log and results
+            try:
+                job = await client.get_job(job.id)
+            except GanetiError as exc:
+                log.info("%s: job %s: storing the listing's version (%s)", drift.backend, job.id, exc)
+        try:
+            await store.put(JobVersion(drift.backend, job_file(job)))
+        except (GanetiError, RuntimeError) as exc:
+            drift.error = _reason(exc)
+            continue
+        queued.append(drift)
+    if queued:
+        try:
+            await store.flush()
+        except (GanetiError, RuntimeError) as exc:
+            for drift in queued:
+                drift.error = _reason(exc)
+        else:
+            for drift in queued:
+                drift.fixed = True
+
+    for drift in drifts:
+        if drift.kind is DriftKind.JOB or drift.instance is None:
+            continue
+        try:
+            if drift.kind is DriftKind.ORPHAN:
+                if not delete_orphans:
+                    continue
+                client = clients.get(drift.backend)
+                if client is None:
+                    drift.error = f"no RAPI client for backend {drift.backend}"
+                    continue
+                drift.job_id = await client.delete_instance(drift.instance)
+                log.warning(
+                    "%s: deleting orphan %s from Ganeti (job %s)", drift.backend, drift.instance, drift.job_id
+                )
+                drift.fixed = True
+            elif drift.kind in kinds:
+                values: dict[str, Any] = dict(drift.values)
+                if drift.status is not None:
+                    values["status"] = drift.status
+                if values:
+                    await store.update_instance(drift.backend, drift.instance, **values)
+                    drift.fixed = True
+        except GanetiError as exc:
+            drift.error = _reason(exc)
+            log.warning("%s: cannot fix %s drift of %s: %s", drift.backend, drift.kind, drift.instance, exc)
+    return drifts
+
+
+# -- the reconciler ----------------------------------------------------------------------------------
+
+
+class Reconciler:
+    """Compares the database with every backend of ``settings``, and fixes what it is asked to.
+
+    ``store`` and ``clients`` (name -> open :class:`RapiClient`) may be given (tests,
+    the daemon); what the reconciler opens itself it closes on exit.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        store: Store | None = None,
+        clients: Mapping[str, RapiClient] | None = None,
+        lookup_concurrency: int = 8,
+        build_grace: float = BUILD_GRACE,
+    ) -> None:
+        self.settings = settings
+        self.lookup_concurrency = lookup_concurrency
+        self.build_grace = build_grace
+        self._store = store
+        self._own_store = store is None
+        self._clients: dict[str, RapiClient] = dict(clients or {})
+        self._own_clients: set[str] = set()
+        self._client_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<Reconciler backends=[{', '.join(b.name for b in self.settings.backends)}]>"
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        if self._store is None:
+            store = Store(self.settings.database.url)
+            await store.open()
+            self._store = store
+
+    async def close(self) -> None:
+        for name in list(self._own_clients):
+            client = self._clients.pop(name)
+            await client.close()
+        self._own_clients.clear()
+        if self._own_store and self._store is not None:
+            await self._store.close()
+            self._store = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("the reconciler is not open: use 'async with Reconciler(settings) as r'")
+        return self._store
+
+    async def client(self, backend: str) -> RapiClient:
+        """The backend's RAPI client (opened on first use)."""
+        async with self._client_lock:
+            client = self._clients.get(backend)
+            if client is None:
+                settings = self.settings.backend(backend)
+                client = settings.rapi_client(timeout=self.settings.reconcile_timeout(settings))
+                await client.__aenter__()
+                self._clients[backend] = client
+                self._own_clients.add(backend)
+            return client
+
+    async def snapshots(self, backend: str) -> tuple[DbSnapshot, GanetiSnapshot]:
+        """The database's snapshot, then Ganeti's (no timeout here)."""
+        client = await self.client(backend)
+        db = await snapshot_db(self.store, backend)
+        gnt = await snapshot_ganeti(
+            client, db, owns=self.settings.ownership.owns, lookup_concurrency=self.lookup_concurrency
+        )
+        return db, gnt
+
+    async def check_backend(
+        self, backend: str, *, fixes: Collection[Fix | str] = frozenset(), delete_orphans: bool = False
+    ) -> BackendReport:
+        """One backend: snapshots under its timeout, the plan, the requested fixes; never raises."""
+        started = time.monotonic()
+        timeout = self.settings.reconcile_timeout(backend)
+        drifts: list[Drift] = []  # kept when the fixes fail: what was found is still reported
+        try:
+            async with asyncio.timeout(timeout):
+                db, gnt = await self.snapshots(backend)
+            drifts = plan(db, gnt, build_grace=self.build_grace)
+            if drifts and (fixes or delete_orphans):
+                async with asyncio.timeout(timeout):
+                    await apply(
+                        drifts, fixes, store=self.store, clients=self._clients, delete_orphans=delete_orphans
+                    )
+        except TimeoutError:
+            error = f"backend {backend}: no answer within {timeout:g} s (timeout)"
+            log.warning("%s", error)
+            return BackendReport(backend, False, error, drifts, time.monotonic() - started)
+        except (GanetiError, OSError) as exc:
+            error = f"backend {backend}: {_reason(exc)}"
+            log.warning("%s", error)
+            return BackendReport(backend, False, error, drifts, time.monotonic() - started)
+        except Exception as exc:  # a bug or a surprise: this backend fails, the others go on
+            error = f"backend {backend}: unexpected {_reason(exc)}"
+            log.exception("%s", error)
+            return BackendReport(backend, False, error, drifts, time.monotonic() - started)
+        return BackendReport(backend, ok=True, drifts=drifts, duration=time.monotonic() - started)
+
+    async def run_once(
+        self,
+        *,
+        backends: Iterable[str] | None = None,
+        fixes: Collection[Fix | str] = frozenset(),
+        delete_orphans: bool = False,
+    ) -> Report:
+        """Every backend (or the named ones) at once; a failing one does not stop the others."""
+        names = list(backends) if backends is not None else [b.name for b in self.settings.backends]
+        for name in names:
+            self.settings.backend(name)  # ConfigError for an unknown name, before any work
+        fixes = frozenset(Fix(fix) for fix in fixes)
+        reports = await asyncio.gather(
+            *(self.check_backend(name, fixes=fixes, delete_orphans=delete_orphans) for name in names)
+        )
+        return Report(list(reports))
+
+    async def run_forever(
+        self,
+        *,
+        backends: Iterable[str] | None = None,
+        fixes: Collection[Fix | str] = frozenset(),
+        delete_orphans: bool = False,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        """A pass every ``[reconcile] interval`` seconds until ``stop`` is set (or cancelled),
+        logging a summary per pass; a pass that fails is logged and the next one comes."""
+        stop = stop or asyncio.Event()
+        names = list(backends) if backends is not None else None
+        interval = self.settings.reconcile.interval
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                report = await self.run_once(backends=names, fixes=fixes, delete_orphans=delete_orphans)
+            except Exception:
+                log.exception("reconcile pass failed; next pass in %g s", interval)
+            else:
+                level = logging.INFO if report.clean else logging.WARNING
+                log.log(level, "reconcile pass: %s", report.summary())
+            pause = max(0.0, interval - (time.monotonic() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), pause)
