@@ -335,6 +335,7 @@ class Reconciler:
         self._clients: dict[str, RapiClient] = dict(clients or {})
         self._own_clients: set[str] = set()
         self._client_lock = asyncio.Lock()
+        self._db_reads = asyncio.Lock()  # one database snapshot at a time (see snapshots)
 
     def __repr__(self) -> str:
         return f"<Reconciler backends=[{', '.join(b.name for b in self.settings.backends)}]>"
@@ -382,7 +383,12 @@ class Reconciler:
     async def snapshots(self, backend: str) -> tuple[DbSnapshot, GanetiSnapshot]:
         """The database's snapshot, then Ganeti's (no timeout here)."""
         client = await self.client(backend)
-        db = await snapshot_db(self.store, backend)
+        # One database snapshot at a time: its rows become objects on this event loop anyway, so
+        # concurrent reads only hold every backend's Ganeti requests back until all reads are
+        # done; one at a time, a backend asks Ganeti as soon as its own rows are in and waits
+        # for the answer while the next backend reads (benchmarks/reconcile.py).
+        async with self._db_reads:
+            db = await snapshot_db(self.store, backend)
         gnt = await snapshot_ganeti(
             client, db, owns=self.settings.ownership.owns, lookup_concurrency=self.lookup_concurrency
         )

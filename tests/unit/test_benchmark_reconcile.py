@@ -1,0 +1,41 @@
+"""A small run of ``benchmarks/reconcile.py``, so the benchmark cannot rot; its times are not asserted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+FIELDS = {
+    "backends", "instances", "cycle_s", "serial_estimate_s", "db_queries", "drifts_found", "drifts_expected",
+    "drifts_unexpected", "db_queries_small", "db_queries_2_backends", "gc_s",
+}  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+async def test_reconcile_benchmark_finds_every_drift() -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "benchmarks/reconcile.py", "--backends", "3", "--instances", "50", "--latency", "0.05",
+        "--drift", "0.2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    (line,) = out.decode().splitlines()  # one JSON object, progress on stderr
+    figures = json.loads(line)
+    assert set(figures) >= FIELDS
+    assert figures["backends"] == 3 and figures["instances"] == 150
+    # 10 drifts per backend, 30 in all: every kind (9) at least three times
+    assert figures["drifts_expected"] == 30
+    assert figures["drifts_found"] == figures["drifts_expected"]
+    assert figures["drifts_unexpected"] == 0 and figures["backends_failed"] == 0
+    assert figures["cycle_s"] > 0 and figures["serial_estimate_s"] > 0
+    # the statements grow with the backends, not with the instances
+    assert figures["db_queries"] > 0
+    assert figures["db_queries_small"] == figures["db_queries"]
+    assert figures["db_queries_2_backends"] < figures["db_queries"]
