@@ -30,6 +30,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
+from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti.errors import (
     ConfigError,
     CreateOutcomeUnknownError,
@@ -249,7 +250,8 @@ class RapiClient:
     async def list_instances(self) -> list[Instance]:
         """Every instance with its state (``GET /2/instances?bulk=1``)."""
         answer = await self._get("/2/instances", {"bulk": "1"})
-        return [self._parse(Instance, item, "GET /2/instances?bulk=1") for item in answer]
+        with gc_paused():
+            return [self._parse(Instance, item, "GET /2/instances?bulk=1") for item in answer]
 
     async def get_instance(self, name: str) -> Instance:
         """One instance (``GET /2/instances/NAME``); :class:`NotFoundError` if Ganeti has none."""
@@ -395,7 +397,8 @@ class RapiClient:
     async def list_jobs(self) -> list[Job]:
         """Every unarchived job (``GET /2/jobs?bulk=1``; archived ones only by id)."""
         answer = await self._get("/2/jobs", {"bulk": "1"})
-        return [self._parse(Job, item, "GET /2/jobs?bulk=1") for item in answer]
+        with gc_paused():
+            return [self._parse(Job, item, "GET /2/jobs?bulk=1") for item in answer]
 
     async def get_job(self, job_id: int) -> Job:
         """One job, also from the archive (``GET /2/jobs/ID``); :class:`JobNotFoundError` if unknown."""

@@ -35,6 +35,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti._version import __version__
 from synnefo_ganeti.errors import (
     AuthenticationError,
@@ -200,7 +201,7 @@ class Transport:
         if status >= 400:
             raise self._http_error(status, payload, method, path)
         try:
-            return orjson.loads(payload)
+            return decode_json(payload)
         except orjson.JSONDecodeError:
             raise RapiError(
                 f"{self.url}: {method} {path} answered HTTP {status} with a body that is not JSON "
@@ -314,3 +315,14 @@ def _reason(exc: BaseException) -> str:
     cause = getattr(exc, "os_error", None) or exc.__cause__ or exc
     text = str(cause) or type(cause).__name__
     return text
+
+
+#: answers larger than this are decoded with the cyclic garbage collector paused
+LARGE_ANSWER = 64 * 1024
+
+
+def decode_json(payload: bytes) -> Any:
+    if len(payload) < LARGE_ANSWER:
+        return orjson.loads(payload)
+    with gc_paused():
+        return orjson.loads(payload)
