@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import signal
@@ -16,6 +17,7 @@ import click
 from rich.table import Table
 
 from synnefo_ganeti.cli._main import _print_json, _run, _stdout, json_option, main, stderr
+from synnefo_ganeti.daemon import StatusServer, SystemdNotifier
 from synnefo_ganeti.errors import StoreError
 from synnefo_ganeti.store import Store, StoredJob, display_url, head_revision, normalize_url, upgrade_database
 from synnefo_ganeti.watch import QueueWatcher
@@ -162,29 +164,65 @@ def db_prune(db_url: str, older_than: timedelta, as_json: bool) -> None:
     show_default=True,
     help="Seconds between attempts when the queue directory is missing or unreadable.",
 )
-def watch(queue_dir: Path, db_url: str, backend: str, retry_interval: float) -> None:
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    help="Serve /metrics, /healthz and /readyz on this port (0: any free one).",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
+def watch(
+    queue_dir: Path,
+    db_url: str,
+    backend: str,
+    retry_interval: float,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
     """Store every job-file change of Ganeti's queue as job events, until SIGINT/SIGTERM.
 
     Catches up at start (a full scan), rescans after an inotify overflow, skips bad
     files (logged once), and on SIGINT/SIGTERM stores what it has read and exits 0.
+    Under systemd (Type=notify) it sends READY=1 once the first scan is queued,
+    WATCHDOG=1 when asked for, and STOPPING=1 on the way out.
     """
     if not backend.strip():
         raise click.BadParameter("must not be empty", param_hint="--backend")
 
     async def run() -> tuple[Any, Any, float]:
-        async with Store(db_url) as store:
+        notifier = SystemdNotifier()
+        async with contextlib.AsyncExitStack() as stack:
+            store = await stack.enter_async_context(Store(db_url))
             watcher = QueueWatcher(queue_dir, store, backend, retry_interval=retry_interval)
+            where = ""
+            if metrics_port is not None:
+
+                async def scanned() -> str | None:
+                    return None if watcher.stats.scans else f"queue directory {queue_dir} not scanned yet"
+
+                async def database() -> str | None:
+                    await store.count_jobs(backend=backend)
+                    return None
+
+                server = await stack.enter_async_context(
+                    StatusServer(
+                        host=metrics_host, port=metrics_port, checks={"queue": scanned, "database": database}
+                    )
+                )
+                where = f"; metrics on {server.url}/metrics"
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, watcher.stop)
             started = time.monotonic()
             stderr.print(
-                f"watching {queue_dir} as backend {backend!r} into {store.display_url} (Ctrl-C to stop)",
+                f"watching {queue_dir} as backend {backend!r} into {store.display_url}{where} (Ctrl-C to stop)",
                 highlight=False,
             )
+            keepalive = asyncio.create_task(_tell_systemd(notifier, watcher, backend))
             try:
                 await watcher.run()
             finally:
+                keepalive.cancel()
+                notifier.stopping()
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(sig)
             await store.flush()
@@ -197,6 +235,18 @@ def watch(queue_dir: Path, db_url: str, backend: str, retry_interval: float) -> 
         f"changes as {written.events} events",
         highlight=False,
     )
+
+
+async def _tell_systemd(notifier: SystemdNotifier, watcher: QueueWatcher, backend: str) -> None:
+    """READY=1 once the first scan is queued, then WATCHDOG=1 as often as systemd asks."""
+    if not notifier.enabled:
+        return
+    await watcher.ready.wait()
+    notifier.ready(f"watching backend {backend}")
+    interval = notifier.watchdog_interval()
+    while interval:
+        await asyncio.sleep(interval)
+        notifier.watchdog()
 
 
 # ---------------------------------------------------------------------- jobs

@@ -204,3 +204,48 @@ def test_wheel_ships_the_migrations(tmp_path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "synnefo_ganeti/_alembic/env.py" in names
     assert any(name.startswith("synnefo_ganeti/_alembic/versions/0001") for name in names)
+
+
+async def test_watch_serves_metrics_and_notifies_systemd(tmp_path) -> None:
+    import re
+    import socket as socket_module
+
+    import aiohttp
+
+    queue = tmp_path / "queue"
+    (queue / "archive").mkdir(parents=True)
+    (queue / "job-11").write_bytes((QUEUE_FIXTURES / "job-11.op_instance_create.success.json").read_bytes())
+    notify_path = str(tmp_path / "notify")
+    systemd = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_DGRAM)
+    systemd.bind(notify_path)
+    systemd.setblocking(False)
+    loop = asyncio.get_running_loop()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "synnefo_ganeti", "watch", "--queue-dir", str(queue),
+        "--db", f"sqlite:///{tmp_path / 'w.db'}", "--backend", "c1", "--metrics-port", "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "300", "NOTIFY_SOCKET": notify_path},
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        line = (await asyncio.wait_for(process.stderr.readline(), 30)).decode()
+        found = re.search(r"metrics on (http://127\.0\.0\.1:\d+)/metrics", line)
+        assert found, line
+        ready = await asyncio.wait_for(loop.sock_recv(systemd, 1024), 30)
+        assert ready.startswith(b"READY=1")
+        async with aiohttp.ClientSession() as session:
+            for _ in range(100):
+                async with session.get(found.group(1) + "/readyz") as response:
+                    if response.status == 200:
+                        break
+                await asyncio.sleep(0.1)
+            assert response.status == 200
+            async with session.get(found.group(1) + "/metrics") as response:
+                text = await response.text()
+        assert 'synnefo_ganeti_watch_versions_total{backend="c1"} 1.0' in text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.communicate(), 30)
+    stopping = await asyncio.wait_for(loop.sock_recv(systemd, 1024), 10)
+    systemd.close()
+    assert process.returncode == 0 and stopping == b"STOPPING=1"
