@@ -19,72 +19,32 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Self
+from typing import Any
 
-from synnefo_ganeti.config import Settings
+from synnefo_ganeti._backends import BackendResources
 from synnefo_ganeti.errors import ConfigError, CreateOutcomeUnknownError, GanetiError, StoreError
 from synnefo_ganeti.rapi import InstanceSpec, RapiClient
 from synnefo_ganeti.reconcile._observe import expectation, expected_beparams
-from synnefo_ganeti.store import InstanceAction, InstanceStatus, Store, StoredInstance
+from synnefo_ganeti.store import InstanceAction, InstanceStatus, StoredInstance
 
 __all__ = ["ControlPlane"]
 
 log = logging.getLogger("synnefo_ganeti.control")
 
 
-class ControlPlane:
-    """One control plane over the backends of ``settings``."""
+class ControlPlane(BackendResources):
+    """One control plane over the backends of ``settings``.
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        store: Store | None = None,
-        clients: dict[str, RapiClient] | None = None,
-    ) -> None:
-        self.settings = settings
-        self._store = store
-        self._own_store = store is None
-        self._clients: dict[str, RapiClient] = dict(clients or {})
-        self._own_clients: set[str] = set()
+    ``store`` and ``clients`` (name -> open :class:`RapiClient`) may be given; what the
+    control plane opens itself (the store, one pooled client per backend on first use)
+    it closes on exit.
+    """
+
+    _usage = "use 'async with ControlPlane(settings) as cp'"
 
     def __repr__(self) -> str:
         names = ", ".join(backend.name for backend in self.settings.backends)
         return f"<ControlPlane backends=[{names}]>"
-
-    async def __aenter__(self) -> Self:
-        if self._store is None:
-            self._store = Store(self.settings.database.url)
-            await self._store.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        for name in list(self._own_clients):
-            client = self._clients.pop(name)
-            await client.close()
-        self._own_clients.clear()
-        if self._own_store and self._store is not None:
-            await self._store.close()
-            self._store = None
-
-    @property
-    def store(self) -> Store:
-        if self._store is None:
-            raise RuntimeError("the control plane is not open: use 'async with ControlPlane(settings) as cp'")
-        return self._store
-
-    async def client(self, backend: str) -> RapiClient:
-        """The pooled RAPI client of ``backend`` (opened on first use, closed with the control plane)."""
-        client = self._clients.get(backend)
-        if client is None:
-            client = self.settings.backend(backend).rapi_client()
-            await client.__aenter__()
-            self._clients[backend] = client
-            self._own_clients.add(backend)
-        return client
 
     # -- instances -------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from synnefo_ganeti.jobs._files import (
     LogLine,
     OpState,
     job_events,
+    op_instance,
     parse_job_file,
 )
 from synnefo_ganeti.jobs._status import FINAL_STATUSES, JobStatus, calc_job_status
@@ -30,5 +31,6 @@ __all__ = [
     "VersionKey",
     "calc_job_status",
     "job_events",
+    "op_instance",
     "parse_job_file",
 ]

@@ -11,6 +11,7 @@ computed from the ops, as Ganeti does).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ __all__ = [
     "LogLine",
     "OpState",
     "job_events",
+    "op_instance",
     "parse_job_file",
 ]
 
@@ -108,12 +110,13 @@ def _time(value: Any, what: str) -> float | None:
     raise JobFileError(f"{what} is {value!r}, not [seconds, microseconds]")
 
 
-def _instance(op_input: dict[str, Any]) -> str | None:
+def op_instance(op_input: Mapping[str, Any]) -> str | None:
+    """The instance an opcode's input is about (``instance_name``, or a one-instance multi-alloc)."""
     name = op_input.get("instance_name")
     if isinstance(name, str):
         return name
     instances = op_input.get("instances")
-    if isinstance(instances, list) and len(instances) == 1 and isinstance(instances[0], dict):
+    if isinstance(instances, list) and len(instances) == 1 and isinstance(instances[0], Mapping):
         single = instances[0].get("instance_name")
         return single if isinstance(single, str) else None
     return None
@@ -144,7 +147,7 @@ def _op(index: int, raw: Any) -> OpState:
         index=index,
         op_id=op_input["OP_ID"],
         status=status,
-        instance=_instance(op_input),
+        instance=op_instance(op_input),
         result=raw.get("result"),
         log=tuple(log),
         start_time=_time(raw.get("start_timestamp"), f"op {index} start_timestamp"),

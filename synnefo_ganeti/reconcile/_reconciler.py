@@ -18,10 +18,11 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
+from synnefo_ganeti._backends import BackendResources
 from synnefo_ganeti.errors import GanetiError, JobNotFoundError
-from synnefo_ganeti.jobs import JobFile, JobStatus, LogLine, OpState
+from synnefo_ganeti.jobs import JobFile, JobStatus, LogLine, OpState, op_instance
 from synnefo_ganeti.rapi import Job, RapiClient
 from synnefo_ganeti.reconcile._plan import (
     BUILD_GRACE,
@@ -35,7 +36,7 @@ from synnefo_ganeti.reconcile._plan import (
 from synnefo_ganeti.store import InstanceStatus, JobVersion, Store
 
 if TYPE_CHECKING:
-    from synnefo_ganeti.config import Settings
+    from synnefo_ganeti.config import BackendSettings, Settings
 
 __all__ = [
     "BackendReport",
@@ -176,17 +177,6 @@ def _time(value: Any) -> float | None:
     return None if value is None else float(value.as_float)
 
 
-def _op_instance(op: Mapping[str, Any]) -> str | None:
-    name = op.get("instance_name")
-    if isinstance(name, str):
-        return name
-    instances = op.get("instances")
-    if isinstance(instances, list) and len(instances) == 1 and isinstance(instances[0], Mapping):
-        single = instances[0].get("instance_name")
-        return single if isinstance(single, str) else None
-    return None
-
-
 def job_file(job: Job) -> JobFile:
     """A job-file version made of a RAPI job (to store an end the watcher missed).
 
@@ -212,7 +202,7 @@ def job_file(job: Job) -> JobFile:
                 index=index,
                 op_id=str(op_input.get("OP_ID", "")),
                 status=status,
-                instance=_op_instance(op_input),
+                instance=op_instance(op_input),
                 result=result,
                 log=tuple(sorted(lines, key=lambda line: line.serial)),
                 start_time=start if status is not JobStatus.QUEUED else None,
@@ -311,12 +301,14 @@ async def apply(
 # -- the reconciler ----------------------------------------------------------------------------------
 
 
-class Reconciler:
+class Reconciler(BackendResources):
     """Compares the database with every backend of ``settings``, and fixes what it is asked to.
 
     ``store`` and ``clients`` (name -> open :class:`RapiClient`) may be given (tests,
     the daemon); what the reconciler opens itself it closes on exit.
     """
+
+    _usage = "use 'async with Reconciler(settings) as r'"
 
     def __init__(
         self,
@@ -327,58 +319,16 @@ class Reconciler:
         lookup_concurrency: int = 8,
         build_grace: float = BUILD_GRACE,
     ) -> None:
-        self.settings = settings
+        super().__init__(settings, store=store, clients=clients)
         self.lookup_concurrency = lookup_concurrency
         self.build_grace = build_grace
-        self._store = store
-        self._own_store = store is None
-        self._clients: dict[str, RapiClient] = dict(clients or {})
-        self._own_clients: set[str] = set()
-        self._client_lock = asyncio.Lock()
         self._db_reads = asyncio.Lock()  # one database snapshot at a time (see snapshots)
 
     def __repr__(self) -> str:
         return f"<Reconciler backends=[{', '.join(b.name for b in self.settings.backends)}]>"
 
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def open(self) -> None:
-        if self._store is None:
-            store = Store(self.settings.database.url)
-            await store.open()
-            self._store = store
-
-    async def close(self) -> None:
-        for name in list(self._own_clients):
-            client = self._clients.pop(name)
-            await client.close()
-        self._own_clients.clear()
-        if self._own_store and self._store is not None:
-            await self._store.close()
-            self._store = None
-
-    @property
-    def store(self) -> Store:
-        if self._store is None:
-            raise RuntimeError("the reconciler is not open: use 'async with Reconciler(settings) as r'")
-        return self._store
-
-    async def client(self, backend: str) -> RapiClient:
-        """The backend's RAPI client (opened on first use)."""
-        async with self._client_lock:
-            client = self._clients.get(backend)
-            if client is None:
-                settings = self.settings.backend(backend)
-                client = settings.rapi_client(timeout=self.settings.reconcile_timeout(settings))
-                await client.__aenter__()
-                self._clients[backend] = client
-                self._own_clients.add(backend)
-            return client
+    def _make_client(self, backend: BackendSettings) -> RapiClient:
+        return backend.rapi_client(timeout=self.settings.reconcile_timeout(backend))
 
     async def snapshots(self, backend: str) -> tuple[DbSnapshot, GanetiSnapshot]:
         """The database's snapshot, then Ganeti's (no timeout here)."""
