@@ -59,6 +59,11 @@ class ControlPlane(BackendResources):
             raise ConfigError(
                 f"backend {backend} is drained: it takes no new instances (undrain it in the config first)"
             )
+        if backend in await self.store.drained_backends():
+            raise GanetiError(
+                f"backend {backend} is drained by an operator: it takes no new instances "
+                f"('synnefo-ganeti backends undrain {backend}' lets them in again)"
+            )
         tags = list(dict.fromkeys([*spec.tags, *self.settings.ownership.tags_for_new()]))
         submitted = spec.model_copy(update={"tags": tags})
         await self.store.add_instance(

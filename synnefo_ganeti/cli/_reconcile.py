@@ -11,9 +11,11 @@ import click
 from rich.table import Table
 
 from synnefo_ganeti.cli._main import _print_json, _run, _stdout, json_option, main, stderr
+from synnefo_ganeti.cli._store import _existing
 from synnefo_ganeti.config import BackendSettings, Settings
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.reconcile import Fix, Reconciler, Report
+from synnefo_ganeti.store import Store
 
 config_option = click.option(
     "--config",
@@ -189,7 +191,15 @@ def backends_list(config_file: Path, as_json: bool) -> None:
         raise SystemExit(2)
 
     async def run() -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(_backend_row(settings, b) for b in settings.backends)))
+        rows = list(await asyncio.gather(*(_backend_row(settings, b) for b in settings.backends)))
+        try:  # drained by an operator (backends drain), when the database can tell
+            async with Store(_existing(settings.database.url), create=False) as store:
+                drained = await store.drained_backends()
+        except GanetiError:
+            drained = set()
+        for row in rows:
+            row["drained"] = row["drained"] or row["name"] in drained
+        return rows
 
     rows = _run(run())
     if as_json:
@@ -211,3 +221,46 @@ def backends_list(config_file: Path, as_json: bool) -> None:
         _stdout().print(table)
     if not all(row["ok"] for row in rows):
         raise SystemExit(1)
+
+
+def _drain(config_file: Path, name: str, drained: bool, as_json: bool) -> None:
+    settings = _settings(config_file)
+
+    async def run() -> bool:
+        settings.backend(name)  # ConfigError (exit 2) for a backend the config does not define
+        async with Store(settings.database.url) as store:
+            return await store.set_backend_drained(name, drained)
+
+    changed = _run(run())
+    state = "drained" if drained else "undrained"
+    if as_json:
+        _print_json({"backend": name, "drained": drained, "changed": changed})
+    elif drained:
+        _stdout().print(
+            f"backend {name} {'drained' if changed else 'was already drained'}: no new instances go there "
+            "(its instances and jobs are untouched)",
+            highlight=False,
+        )
+    else:
+        _stdout().print(
+            f"backend {name} {state if changed else 'was not drained'}: it takes new instances again",
+            highlight=False,
+        )
+
+
+@backends.command("drain")
+@click.argument("name")
+@config_option
+@json_option
+def backends_drain(name: str, config_file: Path, as_json: bool) -> None:
+    """Take a backend out of placement: no new instances (the database remembers it)."""
+    _drain(config_file, name, True, as_json)
+
+
+@backends.command("undrain")
+@click.argument("name")
+@config_option
+@json_option
+def backends_undrain(name: str, config_file: Path, as_json: bool) -> None:
+    """Let a drained backend take new instances again."""
+    _drain(config_file, name, False, as_json)

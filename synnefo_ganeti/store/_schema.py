@@ -78,6 +78,9 @@ class Backend(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime]
+    #: drained by an operator (``synnefo-ganeti backends drain``): no new instances
+    drained: Mapped[bool] = mapped_column(Boolean, default=False)
+    drained_at: Mapped[datetime | None]
 
 
 class Instance(Base):

@@ -1002,6 +1002,35 @@ class Store:
                 with contextlib.suppress(Exception):
                     await driver.remove_listener(NOTIFY_CHANNEL, on_notify)
 
+    # -- backends --------------------------------------------------------------------------------
+
+    async def set_backend_drained(self, name: str, drained: bool) -> bool:
+        """Drain (no new instances) or undrain a backend; True when that changed its state."""
+        backend_id = await self.ensure_backend(name)
+
+        def run(conn: Connection) -> bool:
+            row = conn.execute(select(backends_t.c.drained).where(backends_t.c.id == backend_id)).one()
+            if bool(row.drained) == drained:
+                return False
+            conn.execute(
+                update(backends_t)
+                .where(backends_t.c.id == backend_id)
+                .values(drained=drained, drained_at=datetime.now(UTC) if drained else None)
+            )
+            return True
+
+        return await self.call(run)
+
+    async def drained_backends(self) -> set[str]:
+        """The backends an operator drained in the database."""
+
+        async def run(conn: AsyncConnection) -> set[str]:
+            rows = await conn.execute(select(backends_t.c.name).where(backends_t.c.drained))
+            return {row.name for row in rows}
+
+        result: set[str] = await self._read(run)
+        return result
+
     # -- instances -------------------------------------------------------------------------------
 
     async def add_instance(
