@@ -847,7 +847,6 @@ class Store:
         """Stored jobs ordered by backend name and job id; every one unless filters or ``limit`` say."""
 
         async def run(conn: AsyncConnection) -> list[StoredJob]:
-            names = await self._names(conn)
             query = (
                 select(jobs_t, backends_t.c.name.label("backend"))
                 .join(backends_t, backends_t.c.id == jobs_t.c.backend_id)
@@ -863,7 +862,6 @@ class Store:
                 query = query.where(jobs_t.c.instance == instance)
             if limit is not None:
                 query = query.limit(limit)
-            del names
             return [_stored_job(row) for row in await conn.execute(query)]
 
         result: list[StoredJob] = await self._read(run)
@@ -907,14 +905,18 @@ class Store:
         """Stored events after event id ``since`` (or stored at/after a datetime), in id order."""
 
         async def run(conn: AsyncConnection) -> list[StoredEvent]:
-            names = await self._names(conn)
+            # backend names from the cache; read again only for a name or an id it lacks
+            # (events() calls this on every wake-up)
+            names = self._backend_names
             query = select(events_t).order_by(events_t.c.id)
             if isinstance(since, datetime):
                 query = query.where(events_t.c.stored_at >= since)
             else:
                 query = query.where(events_t.c.id > since)
             if backend is not None:
-                backend_id = next((i for i, n in names.items() if n == backend), None)
+                if backend not in self._backend_ids:
+                    names = await self._names(conn)
+                backend_id = self._backend_ids.get(backend)
                 if backend_id is None:
                     return []
                 query = query.where(events_t.c.backend_id == backend_id)
