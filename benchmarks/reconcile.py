@@ -46,17 +46,15 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
-PG_ADMIN_URL = os.environ.get(
-    "SYNNEFO_GANETI_BENCH_PG",
-    os.environ.get("SYNNEFO_GANETI_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"),
-)
+from _databases import database  # benchmarks/, the script's folder
+
 KINDS = ("stale", "orphan", "operstate", "flavor", "nics", "disks", "tags", "building", "job")
 LINK = "gntbr0"
 MEMORY = 512
@@ -69,33 +67,6 @@ def progress(message: str) -> None:
 
 
 # -- databases ---------------------------------------------------------------------------------------
-
-
-async def _pg_admin(statement: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(PG_ADMIN_URL, timeout=10)
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
-
-
-@asynccontextmanager
-async def database(db: str, folder: str) -> AsyncIterator[str]:
-    """A fresh database: SQLite in ``folder``, a scratch PostgreSQL one (dropped after), or ``db`` itself."""
-    if db == "sqlite":
-        yield f"sqlite:///{folder}/store-{uuid.uuid4().hex[:8]}.db"
-        return
-    if db != "postgresql":
-        yield db
-        return
-    name = f"sg_bench_{uuid.uuid4().hex[:12]}"
-    await _pg_admin(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        await _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 class GcTimer:

@@ -35,15 +35,15 @@ import string
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from _databases import database  # benchmarks/, the script's folder
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
@@ -53,10 +53,6 @@ FIXTURE_INSTANCE = "inst5.ganeti.test"
 IN_FLIGHT = 20  # jobs being written at once (Ganeti's default --max-running-jobs)
 BACKEND = "bench"
 PACED_RATE = {"tmpfs": 1000.0, "disk": 500.0}
-PG_ADMIN_URL = os.environ.get(
-    "SYNNEFO_GANETI_BENCH_PG",
-    os.environ.get("SYNNEFO_GANETI_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"),
-)
 _TIME_KEYS = ("received_timestamp", "start_timestamp", "end_timestamp", "exec_timestamp")
 _RANDOM = string.ascii_lowercase + string.digits
 
@@ -244,30 +240,6 @@ def default_disk_dir() -> str | None:
         if usable and fs_type(candidate) not in ("tmpfs", "ramfs", "devtmpfs"):
             return candidate
     return None
-
-
-async def _pg_admin(statement: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(PG_ADMIN_URL, timeout=10)
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
-
-
-@asynccontextmanager
-async def database(db: str, folder: str) -> AsyncIterator[str]:
-    """A fresh, empty database: SQLite in ``folder``, or a scratch PostgreSQL database (dropped after)."""
-    if db == "sqlite":
-        yield f"sqlite:///{folder}/store.db"
-        return
-    name = f"sg_bench_{uuid.uuid4().hex[:12]}"
-    await _pg_admin(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        await _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def fingerprint(job: Any) -> tuple[tuple[str, ...], int]:

@@ -1,0 +1,40 @@
+"""The benchmarks' databases: SQLite in a folder, or a scratch PostgreSQL database dropped after."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+PG_ADMIN_URL = os.environ.get(
+    "SYNNEFO_GANETI_BENCH_PG",
+    os.environ.get("SYNNEFO_GANETI_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"),
+)
+
+
+async def _pg_admin(statement: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(PG_ADMIN_URL, timeout=10)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+@asynccontextmanager
+async def database(db: str, folder: str) -> AsyncIterator[str]:
+    """A fresh database: SQLite in ``folder``, a scratch PostgreSQL one (dropped after), or ``db`` itself."""
+    if db == "sqlite":
+        yield f"sqlite:///{folder}/store-{uuid.uuid4().hex[:8]}.db"
+        return
+    if db != "postgresql":
+        yield db
+        return
+    name = f"sg_bench_{uuid.uuid4().hex[:12]}"
+    await _pg_admin(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        await _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
