@@ -11,67 +11,24 @@ fails instead of skipping).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sys
-import time
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from synnefo_ganeti import ControlPlane, InstanceSpec, NotFoundError, RapiClient
+from synnefo_ganeti import ControlPlane, NotFoundError, RapiClient
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.reconcile import Reconciler
 from synnefo_ganeti.store import InstanceStatus, Store
-from synnefo_ganeti.watch import QueueWatcher
+from tests.integration._testbed import BACKEND, TESTBED, client, name, spec, until, watching
 
 pytestmark = [pytest.mark.ganeti, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).parents[2]
-TESTBED = ROOT / "scripts" / "ganeti-testbed"
-QUEUE_DIR = Path(os.environ.get("SYNNEFO_GANETI_TEST_QUEUE", "/var/lib/ganeti/queue"))
-BACKEND = "testbed"
 OWNED_TAG = "synnefo-ganeti:owned"  # the default [ownership] tag
-DEADLINE = 60.0  # seconds for one instance to reach a state
-
-
-def client(testbed) -> RapiClient:
-    return RapiClient(
-        testbed.url, username=testbed.username, password=testbed.password, ca_file=testbed.ca_file
-    )
-
-
-def name(tag: str) -> str:
-    return f"sg-{tag}-{uuid.uuid4().hex[:6]}.ganeti.test"
-
-
-def spec(testbed, instance: str) -> InstanceSpec:
-    return InstanceSpec(
-        name=instance,
-        disk_template="diskless",
-        os="noop",
-        beparams={"memory": 128},
-        pnode=testbed.node,
-        hypervisor="fake",
-    )
-
-
-@contextlib.asynccontextmanager
-async def watching(store: Store) -> AsyncIterator[asyncio.Task[None]]:
-    """A QueueWatcher on the testbed's queue, running until the block ends (as in test_watch_real)."""
-    watcher = QueueWatcher(QUEUE_DIR, store, BACKEND, retry_interval=0.5)
-    task = asyncio.create_task(watcher.run(), name="test watcher")
-    try:
-        await asyncio.wait_for(watcher.ready.wait(), 10)
-        assert not task.done(), task
-        yield task
-    finally:
-        watcher.stop()
-        await asyncio.wait_for(task, 30)
 
 
 def settings(testbed, db_url: str) -> Settings:
@@ -152,15 +109,6 @@ def by_kind(drifts: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any
     return keyed
 
 
-async def until(what: str, check, timeout: float = DEADLINE) -> None:
-    """Poll the async ``check`` until it is true."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not true after {timeout:.0f} s: {what}")
-        await asyncio.sleep(0.1)
-
-
 async def remove_everywhere(rapi: RapiClient, names: list[str]) -> None:
     """Remove each of ``names`` Ganeti still has (RAPI, else gnt-instance); every one is tried."""
     problems = []
@@ -184,7 +132,7 @@ async def test_reconcile_repairs_drift_made_behind_the_back(testbed, db_url, tmp
     sets = settings(testbed, db_url)
     async with Store(db_url) as store, client(testbed) as rapi:
         try:
-            async with ControlPlane(sets, store=store) as cp, watching(store) as task:
+            async with ControlPlane(sets, store=store) as cp, watching(store) as (_watcher, task):
                 # 1. three instances through the facade, STARTED once their creates end
                 for instance in names[:3]:
                     row, job_id = await cp.create_instance(spec(testbed, instance), backend=BACKEND)

@@ -9,63 +9,18 @@ must run (the ``testbed`` fixture fails instead of skipping).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
-import os
 import time
-import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
-from synnefo_ganeti import InstanceSpec, Job, JobStatus, NotFoundError, RapiClient
+from synnefo_ganeti import Job, JobStatus, NotFoundError, RapiClient
 from synnefo_ganeti.store import Store, StoredEvent, StoredJob
 from synnefo_ganeti.watch import QueueWatcher
+from tests.integration._testbed import BACKEND, DEADLINE, TESTBED, client, name, spec, until, watching
 
 pytestmark = [pytest.mark.ganeti, pytest.mark.timeout(180)]
-
-TESTBED = Path(__file__).parents[2] / "scripts" / "ganeti-testbed"
-QUEUE_DIR = Path(os.environ.get("SYNNEFO_GANETI_TEST_QUEUE", "/var/lib/ganeti/queue"))
-BACKEND = "testbed"
-DEADLINE = 60.0  # seconds for a job to be final in the store (the cluster runs ~2.5 jobs/s)
-
-
-def client(testbed) -> RapiClient:
-    return RapiClient(
-        testbed.url, username=testbed.username, password=testbed.password, ca_file=testbed.ca_file
-    )
-
-
-def name(tag: str) -> str:
-    # the pattern of test_real_ganeti.py, with tags of our own: no two tests share a name
-    return f"sg-{tag}-{uuid.uuid4().hex[:6]}.ganeti.test"
-
-
-def spec(testbed, instance: str) -> InstanceSpec:
-    return InstanceSpec(
-        name=instance,
-        disk_template="diskless",
-        os="noop",
-        beparams={"memory": 128},
-        pnode=testbed.node,
-        hypervisor="fake",
-    )
-
-
-@contextlib.asynccontextmanager
-async def watching(store: Store) -> AsyncIterator[tuple[QueueWatcher, asyncio.Task[None]]]:
-    """A QueueWatcher on the testbed's queue, running until the block ends."""
-    watcher = QueueWatcher(QUEUE_DIR, store, BACKEND, retry_interval=0.5)
-    task = asyncio.create_task(watcher.run(), name="test watcher")
-    try:
-        await asyncio.wait_for(watcher.ready.wait(), 10)
-        assert not task.done(), task
-        yield watcher, task
-    finally:
-        watcher.stop()
-        await asyncio.wait_for(task, 30)
 
 
 async def stored_final(
@@ -86,15 +41,6 @@ async def stored_final(
         f"job {job_id} not final in the store after {DEADLINE:.0f} s: stored "
         f"{stored.status if stored else None}; watcher {watcher.stats}; writer {store.stats}"
     )
-
-
-async def until(what: str, check, timeout: float = DEADLINE) -> None:
-    """Poll the async ``check`` until it is true."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not true after {timeout:.0f} s: {what}")
-        await asyncio.sleep(0.1)
 
 
 async def events_of(store: Store, job_id: int) -> list[StoredEvent]:
