@@ -9,9 +9,25 @@ strategy picks the one that can still take the most instances of the spec once t
 requests already in flight to it are subtracted; ``"round_robin"`` cycles through
 the backends with room, for comparison.
 
+Drain speed. Free memory alone says where an instance fits, not when it will exist:
+Ganeti runs one create at a time per primary node (the node lock), so a backend of
+8 nodes finishes creates four times as fast as one of 2, whatever their memory. So
+``"credits"`` first keeps the backends with room (credits >= 1: free memory, disk
+and vcpus less what is pending there, as above), then picks the one where this
+request would finish first: with ``q`` creates in flight there, ``n`` usable nodes
+and ``d`` seconds per create, ``ceil((q + 1) / n) * d`` (the request waits for the
+creates ahead of it, ``n`` at a time). Backends in the same "wave" tie, and ties go
+to the most credits, then to the least recently chosen, so equal backends still
+level their free capacity. ``d`` is learned per backend from the creates that end
+(:meth:`Allocator.finished`, an exponentially weighted mean); until a backend has
+ended one it borrows the mean of the others, or ``create_seconds`` when none has,
+so an unmeasured backend is neither starved nor flooded.
+
 A placement reserves capacity until :meth:`Allocator.release` (the create failed or
 was never submitted) or until :meth:`Allocator.accounted` (the job ran) followed by
-an :meth:`Allocator.update` whose node stats were read after that moment.
+an :meth:`Allocator.update` whose node stats were read after that moment;
+:meth:`Allocator.finished` (the create's job ended, with its time in Ganeti) does
+one or the other and teaches the backend's create time.
 """
 
 from __future__ import annotations
@@ -39,6 +55,8 @@ __all__ = [
 Strategy = Literal["credits", "round_robin"]
 
 DEFAULT_MEMORY_MIB = 128
+DEFAULT_CREATE_SECONDS = 30.0  # a create's time on its node before any was measured
+DEFAULT_SMOOTHING = 0.2  # weight of each new create time in the per-backend mean
 _UNBOUNDED = 1_000_000_000  # credits of a backend no resource constrains
 
 
@@ -167,19 +185,47 @@ class _Backend:
     reservations: dict[int, Reservation] = field(default_factory=dict)
     # id -> monotonic time the job was accounted; dropped by the first update read after it.
     accounted: dict[int, float] = field(default_factory=dict)
+    # id -> creates in flight here when it was placed, while its job has not ended.
+    queue: dict[int, int] = field(default_factory=dict)
+    create_seconds: float | None = None  # learned by finished(); None until a create ended
     last_chosen: int = -1
 
 
 class Allocator:
-    """Chooses a backend per spec and tracks what is in flight to each."""
+    """Chooses a backend per spec and tracks what is in flight to each.
 
-    def __init__(self, strategy: Strategy = "credits") -> None:
+    ``create_seconds`` is the time one create holds its node assumed before any create
+    ended (only its ratio to measured ones matters); ``smoothing`` (0 < s <= 1) the
+    weight of each new measure in a backend's mean.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy = "credits",
+        *,
+        create_seconds: float = DEFAULT_CREATE_SECONDS,
+        smoothing: float = DEFAULT_SMOOTHING,
+    ) -> None:
         if strategy not in ("credits", "round_robin"):
             raise ValueError(f"unknown strategy {strategy!r}: use 'credits' or 'round_robin'")
+        if not create_seconds > 0:
+            raise ValueError(f"create_seconds must be > 0, not {create_seconds}")
+        if not 0 < smoothing <= 1:
+            raise ValueError(f"smoothing must be in (0, 1], not {smoothing}")
         self.strategy: Strategy = strategy
+        self.default_create_seconds = create_seconds
+        self.smoothing = smoothing
         self._backends: dict[str, _Backend] = {}
         self._ids = itertools.count(1)
         self._placements = itertools.count()
+
+    def __repr__(self) -> str:
+        queued = sum(len(b.queue) for b in self._backends.values())
+        reserved = sum(len(b.reservations) for b in self._backends.values())
+        return (
+            f"<Allocator {self.strategy} {len(self._backends)} backends, {queued} in flight, "
+            f"{reserved} reserved>"
+        )
 
     # -- state -------------------------------------------------------------------------------
 
@@ -214,6 +260,29 @@ class Allocator:
         backend = self._backends[name]
         reqs = [r.requirement for r in backend.reservations.values()]
         return Pending(sum(r.memory for r in reqs), sum(r.disk for r in reqs), len(reqs))
+
+    def in_flight(self, name: str) -> int:
+        """Creates placed on ``name`` whose job has not ended (reported by :meth:`finished`,
+        :meth:`accounted` or :meth:`release`): the queue a new request would wait behind."""
+        return len(self._backends[name].queue)
+
+    def create_seconds(self, name: str) -> float:
+        """Seconds one create holds a node of ``name``: learned, else borrowed (see the module)."""
+        own = self._backends[name].create_seconds
+        if own is not None:
+            return own
+        known = [b.create_seconds for b in self._backends.values() if b.create_seconds is not None]
+        return sum(known) / len(known) if known else self.default_create_seconds
+
+    def drain_rate(self, name: str) -> float:
+        """Creates per second ``name`` can finish: usable nodes / :meth:`create_seconds`."""
+        return len(self._backends[name].view.usable_nodes) / self.create_seconds(name)
+
+    def expected_finish(self, name: str) -> float:
+        """Seconds until a create placed on ``name`` now would end: ``ceil((q + 1) / n) * d``."""
+        backend = self._backends[name]
+        nodes = max(1, len(backend.view.usable_nodes))
+        return math.ceil((len(backend.queue) + 1) / nodes) * self.create_seconds(name)
 
     def due_for_refresh(self, *, interval: float, now: float | None = None) -> list[str]:
         """Backends whose stats are older than ``interval`` or miss an accounted placement."""
@@ -277,11 +346,13 @@ class Allocator:
             if reason is None:
                 eligible.append((backend, credits))
 
-        def key(item: tuple[_Backend, int]) -> tuple[int, int, int]:
+        def key(item: tuple[_Backend, int]) -> tuple[float, int, int, int]:
             backend, credits = item
-            # Least recently chosen first among equals: equal backends share the load.
-            primary = -credits if self.strategy == "credits" else 0
-            return (primary, backend.last_chosen, backend.order)
+            if self.strategy == "round_robin":
+                return (0.0, 0, backend.last_chosen, backend.order)
+            # Soonest end first; in the same wave the most credits; then least recently
+            # chosen, so equal backends share the load.
+            return (self.expected_finish(backend.view.name), -credits, backend.last_chosen, backend.order)
 
         return sorted(eligible, key=key)
 
@@ -313,6 +384,7 @@ class Allocator:
         backend = ranked[0][0]
         reservation = Reservation(name=backend.view.name, requirement=req, id=next(self._ids))
         backend.reservations[reservation.id] = reservation
+        backend.queue[reservation.id] = len(backend.queue)
         backend.last_chosen = next(self._placements)
         return reservation
 
@@ -322,13 +394,48 @@ class Allocator:
         if backend is None:
             return False
         backend.accounted.pop(reservation.id, None)
+        backend.queue.pop(reservation.id, None)
         return backend.reservations.pop(reservation.id, None) is not None
 
     def accounted(self, reservation: Reservation, *, now: float | None = None) -> None:
         """The job ran: drop the reservation at the first :meth:`update` read after ``now``."""
         backend = self._backends.get(reservation.name)
         if backend is not None and reservation.id in backend.reservations:
+            backend.queue.pop(reservation.id, None)
             backend.accounted[reservation.id] = time.monotonic() if now is None else now
+
+    def finished(
+        self, reservation: Reservation, seconds: float, *, ok: bool = True, now: float | None = None
+    ) -> None:
+        """The create's job ended after ``seconds`` in Ganeti (``end_ts - received_ts`` of the job).
+
+        ``ok``: the instance exists: the reservation is :meth:`accounted` (at ``now``), and
+        the backend's create time is learned. Not ``ok``: it is released, and nothing is
+        learned (a failed create ends early, its time says nothing of the node's pace).
+
+        ``seconds`` includes the wait behind the creates ahead of this one; with ``a``
+        of them in flight when it was placed and ``n`` usable nodes, the create itself
+        took about ``seconds * n / max(n, a + 1)`` (the queue drains ``n`` at a time).
+        When creates serialise more than per node (a cluster-wide lock, a low
+        ``max_running_jobs``), this learns a longer per-node time: the drain rate
+        measured, not the one assumed.
+        """
+        backend = self._backends.get(reservation.name)
+        if backend is None or reservation.id not in backend.reservations:
+            return
+        ahead = backend.queue.get(reservation.id)
+        if not ok:
+            self.release(reservation)
+            return
+        self.accounted(reservation, now=now)
+        if ahead is None or seconds <= 0 or not math.isfinite(seconds):
+            return  # already accounted (its queue place forgotten), or a meaningless time
+        nodes = max(1, len(backend.view.usable_nodes))
+        sample = seconds * nodes / max(nodes, ahead + 1)
+        if backend.create_seconds is None:
+            backend.create_seconds = sample
+        else:
+            backend.create_seconds += self.smoothing * (sample - backend.create_seconds)
 
     def place_many(
         self, specs: Iterable[InstanceSpec | Requirement], *, now: float | None = None

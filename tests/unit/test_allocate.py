@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import Counter
 
 import pytest
@@ -169,11 +170,28 @@ def test_most_free_wins_and_pending_shifts_later_placements() -> None:
 
 
 def test_partial_fill_levels_the_free_capacity_from_the_top() -> None:
+    # Creates that end at once leave no queue: every choice is a tie on the finish time,
+    # so the credits decide, as before the drain rate was weighed.
     alloc = allocator(view("small", 10 * GIB), view("mid", 20 * GIB), view("big", 30 * GIB))
-    placed = Counter(alloc.place(spec(GIB)).name for _ in range(33))
+    placed: Counter[str] = Counter()
+    for _ in range(33):
+        res = alloc.place(spec(GIB))
+        alloc.finished(res, 1.0)
+        placed[res.name] += 1
     # big alone down to mid's 20, both down to small's 10, then all three take turns.
     assert placed == {"big": 21, "mid": 11, "small": 1}
     assert [c for _, c in alloc.candidates(spec(GIB))] == [9, 9, 9]
+
+
+def test_equal_backends_with_creates_in_flight_share_by_queue() -> None:
+    # Changed with the drain-rate weighing: a queue is a cost even where memory abounds
+    # (one node each, so each placement is a wave of its own).
+    alloc = allocator(view("small", 10 * GIB), view("mid", 20 * GIB), view("big", 30 * GIB))
+    placed = Counter(alloc.place(spec(GIB)).name for _ in range(30))
+    assert placed == {"big": 10, "mid": 10, "small": 10}
+    assert alloc.rejected(spec(GIB)) == {
+        "small": "no room for 1024 MiB memory: 10240 MiB free, 10240 MiB pending"
+    }
 
 
 def test_ties_alternate() -> None:
@@ -232,6 +250,83 @@ def test_place_many_is_all_or_nothing_and_forget_drops_a_backend() -> None:
     assert alloc.backends == ["b"]
 
 
+# -- drain rate ------------------------------------------------------------------------------
+
+
+def nodes_view(name: str, count: int, mfree: int) -> BackendView:
+    return view(name, *([mfree] * count))
+
+
+def test_more_nodes_drain_faster_and_get_more() -> None:
+    # Same memory in all; 8 nodes finish creates 4 times as fast as 2.
+    alloc = allocator(nodes_view("s", 2, 32 * GIB), nodes_view("m", 4, 16 * GIB), nodes_view("l", 8, 8 * GIB))
+    placed = Counter(alloc.place(spec(GIB)).name for _ in range(70))
+    assert placed == {"l": 40, "m": 20, "s": 10}
+    assert alloc.in_flight("l") == 40
+    assert alloc.drain_rate("l") == pytest.approx(4 * alloc.drain_rate("s"))
+    # the finish times are level: the next one goes where the wave is shortest
+    assert alloc.expected_finish("l") == alloc.expected_finish("m") == alloc.expected_finish("s")
+
+
+def test_a_full_fast_backend_gets_none() -> None:
+    alloc = allocator(nodes_view("fast", 8, GIB), nodes_view("slow", 1, 64 * GIB))
+    placed = Counter(alloc.place(spec(GIB)).name for _ in range(20))
+    assert placed == {"fast": 8, "slow": 12}
+    assert "fast" in alloc.rejected(spec(GIB))
+    assert alloc.pending("fast").memory <= alloc.view("fast").free_memory
+
+
+def test_learned_create_time_changes_the_choice() -> None:
+    alloc = allocator(nodes_view("a", 2, 64 * GIB), nodes_view("b", 2, 64 * GIB))
+    assert alloc.create_seconds("a") == alloc.create_seconds("b") == 30.0
+    # b's creates take 10 s, a's 2 s: a drains 5 times as fast
+    first = [alloc.place(spec(GIB)) for _ in range(2)]
+    assert [r.name for r in first] == ["a", "b"]  # first wave: a tie, then least recently chosen
+    alloc.finished(first[0], 2.0)
+    alloc.finished(first[1], 10.0)
+    assert alloc.create_seconds("a") == 2.0 and alloc.create_seconds("b") == 10.0
+    placed = Counter(alloc.place(spec(GIB)).name for _ in range(12))
+    assert placed == {"a": 10, "b": 2}
+    assert alloc.drain_rate("a") == pytest.approx(1.0)
+
+
+def test_time_in_ganeti_is_corrected_for_the_queue_ahead() -> None:
+    alloc = allocator(nodes_view("a", 2, 64 * GIB))
+    held = [alloc.place(spec(GIB)) for _ in range(6)]  # 0..5 ahead
+    alloc.finished(held[5], 3.0)  # 5 ahead on 2 nodes: 3 waves of 1 s
+    assert alloc.create_seconds("a") == pytest.approx(1.0)
+    alloc.finished(held[0], 2.0)  # none ahead: all of it was its own
+    assert alloc.create_seconds("a") == pytest.approx(1.0 + 0.2 * (2.0 - 1.0))
+    # failures teach nothing and give the room back
+    assert alloc.in_flight("a") == 4
+    alloc.finished(held[1], 0.01, ok=False)
+    assert alloc.create_seconds("a") == pytest.approx(1.2)
+    assert alloc.pending("a").count == 5 and alloc.in_flight("a") == 3
+    # a finished create is accounted: its reservation goes with the next fresh stats
+    alloc.update(BackendView(name="a", nodes=alloc.view("a").nodes, stats_at=time.monotonic() + 1))
+    assert alloc.pending("a").count == 3
+
+
+def test_unmeasured_backends_borrow_the_mean_of_the_others() -> None:
+    alloc = allocator(
+        nodes_view("a", 1, 64 * GIB), nodes_view("b", 1, 64 * GIB), nodes_view("c", 1, 64 * GIB)
+    )
+    alloc.finished(alloc.place(spec(GIB)), 2.0)
+    alloc.finished(alloc.place(spec(GIB)), 4.0)
+    assert alloc.create_seconds("c") == 3.0  # not the default 30 s: it would never be chosen
+    with pytest.raises(ValueError, match="create_seconds"):
+        Allocator(create_seconds=0)
+    with pytest.raises(ValueError, match="smoothing"):
+        Allocator(smoothing=0)
+
+
+def test_round_robin_ignores_the_drain_rate_and_repr_tells_the_state() -> None:
+    alloc = allocator(nodes_view("s", 1, 8 * GIB), nodes_view("l", 8, 8 * GIB), strategy="round_robin")
+    names = [alloc.place(spec(GIB)).name for _ in range(4)]
+    assert names == ["s", "l", "s", "l"]
+    assert repr(alloc) == "<Allocator round_robin 2 backends, 4 in flight, 4 reserved>"
+
+
 # -- property ---------------------------------------------------------------------------------
 
 
@@ -239,7 +334,7 @@ def test_place_many_is_all_or_nothing_and_forget_drops_a_backend() -> None:
 @given(
     frees=st.lists(st.lists(st.integers(0, 16 * GIB), min_size=1, max_size=3), min_size=1, max_size=4),
     ops=st.lists(
-        st.one_of(st.integers(1, 8 * GIB), st.just(-1)),
+        st.one_of(st.integers(1, 8 * GIB), st.just(-1), st.just(-2)),
         max_size=60,
     ),
     strategy=st.sampled_from(["credits", "round_robin"]),
@@ -251,6 +346,10 @@ def test_never_reserves_more_memory_than_free(frees: list[list[int]], ops: list[
         if op == -1:
             if held:
                 alloc.release(held.pop(0))
+            continue
+        if op == -2:
+            if held:
+                alloc.finished(held.pop(0), 0.5)  # accounted: stays reserved until fresh stats
             continue
         with contextlib.suppress(NoCapacityError):
             held.append(alloc.place(spec(op)))
