@@ -314,6 +314,7 @@ class BackendSettings(_Section):
             insecure=self.insecure,
             max_connections=self.max_connections,
             retry=retry,
+            name=self.name,
             **extra,
         )
 

@@ -1,5 +1,10 @@
 """Prometheus metrics of the library (served by the dispatcher's ``/metrics``).
 
+Labels: ``backend`` is the configured backend name (``[[backends]] name``; a
+:class:`~synnefo_ganeti.rapi.RapiClient` made without one uses its URL's
+``host:port``). Every label takes a bounded set of values: no job ids, instance
+names or paths.
+
 They live in their own registry, so that embedding the library in a cloud API
 does not mix them into the API's default registry unless it asks to
 (``prometheus_client.generate_latest(synnefo_ganeti.metrics.REGISTRY)``).
@@ -10,11 +15,20 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = [
+    "BACKEND_UP",
+    "DRIFT_FOUND",
+    "JOBS_TRACKED",
+    "RAPI_LATENCY",
+    "RAPI_LATENCY_BUCKETS",
+    "RAPI_REQUESTS",
     "REGISTRY",
+    "REQUESTS",
+    "REQUESTS_PENDING",
     "STORE_EVENTS",
     "STORE_PENDING",
     "STORE_VERSIONS",
     "STORE_WRITE_RETRIES",
+    "SUBMISSIONS",
     "WATCH_BAD_FILES",
     "WATCH_LAG",
     "WATCH_RESCANS",
@@ -63,5 +77,69 @@ STORE_WRITE_RETRIES = Counter(
 STORE_PENDING = Gauge(
     "synnefo_ganeti_store_pending_versions",
     "Job-file versions queued for the writer",
+    registry=REGISTRY,
+)
+
+# -- the RAPI client (synnefo_ganeti.rapi._transport) -----------------------------------------------
+
+RAPI_REQUESTS = Counter(
+    "synnefo_ganeti_rapi_requests",
+    "RAPI requests sent (each attempt, retries included), by HTTP method and outcome: ok, "
+    "http_<status> (http_401, http_503, ...), timeout, connection, tls, bad_answer (not JSON), canceled",
+    ["backend", "method", "outcome"],
+    registry=REGISTRY,
+)
+#: 10 ms to 30 s: a healthy ganeti-rapi answers in tens of milliseconds, a loaded one in
+#: seconds, and the client's default timeout is 30 s
+RAPI_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0)
+RAPI_LATENCY = Histogram(
+    "synnefo_ganeti_rapi_request_duration_seconds",
+    "Time of a RAPI request on the wire (from holding a connection slot to the whole answer read), "
+    "whatever its outcome; /2/jobs/ID/wait long-polls are left out (they last as long as Ganeti "
+    "makes them wait)",
+    ["backend", "method"],
+    buckets=RAPI_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+
+# -- the dispatcher (it increments these; the library only defines them) ----------------------------
+
+REQUESTS = Counter(
+    "synnefo_ganeti_requests",
+    "Requests reaching a status (pending, submitted, succeeded, failed, canceled)",
+    ["status"],
+    registry=REGISTRY,
+)
+SUBMISSIONS = Counter(
+    "synnefo_ganeti_submissions",
+    "Submissions of requests to a backend, by outcome (ok, refused, unknown, error)",
+    ["backend", "outcome"],
+    registry=REGISTRY,
+)
+REQUESTS_PENDING = Gauge(
+    "synnefo_ganeti_requests_pending",
+    "Requests waiting to be submitted",
+    registry=REGISTRY,
+)
+BACKEND_UP = Gauge(
+    "synnefo_ganeti_backend_up",
+    "Whether the backend's RAPI answered its last check (1) or not (0)",
+    ["backend"],
+    registry=REGISTRY,
+)
+JOBS_TRACKED = Gauge(
+    "synnefo_ganeti_jobs_tracked",
+    "Ganeti jobs being followed until they end",
+    ["backend"],
+    registry=REGISTRY,
+)
+
+# -- the reconciler -----------------------------------------------------------------------------------
+
+DRIFT_FOUND = Counter(
+    "synnefo_ganeti_drift_found",
+    "Drifts between the database and Ganeti found by reconcile passes, by kind (stale, orphan, "
+    "building, operstate, flavor, nics, disks, tags, job); a drift that lasts counts at every pass",
+    ["backend", "kind"],
     registry=REGISTRY,
 )

@@ -9,7 +9,6 @@ status 1 (2 for bad usage or settings).
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import stat
 import sys
@@ -24,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from synnefo_ganeti._logging import configure_logging
 from synnefo_ganeti._version import __version__
 from synnefo_ganeti.errors import ConfigError, GanetiError
 from synnefo_ganeti.rapi import CreateProgress, InstanceSpec, Job, RapiClient
@@ -38,12 +38,18 @@ def _stdout() -> Console:
     return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 
-def _configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("synnefo_ganeti")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+LOG_FORMATS = {"auto": None, "json": True, "console": False}
+
+
+def _configure_logging(level: str, log_format: str | None = None) -> None:
+    """Log to stderr at ``level``: JSON lines, console lines, or (auto) JSON unless on a terminal.
+
+    ``log_format`` defaults to the top-level ``--log-format`` of the running command.
+    """
+    if log_format is None:
+        context = click.get_current_context(silent=True)
+        log_format = context.find_root().params.get("log_format") if context is not None else None
+    configure_logging(level=level, json=LOG_FORMATS[log_format or "auto"])
 
 
 def _run(coro: Awaitable[T]) -> T:
@@ -79,9 +85,17 @@ def _dump(model: Any) -> Any:
     envvar="SYNNEFO_GANETI_LOG_LEVEL",
     help="Log detail on stderr.",
 )
-def main(log_level: str) -> None:
+@click.option(
+    "--log-format",
+    type=click.Choice(sorted(LOG_FORMATS), case_sensitive=False),
+    default="auto",
+    show_default=True,
+    envvar="SYNNEFO_GANETI_LOG_FORMAT",
+    help="Logs on stderr as JSON lines, as console key-value lines, or (auto) JSON unless on a terminal.",
+)
+def main(log_level: str, log_format: str) -> None:
     """synnefo-ganeti: an asyncio control plane for Ganeti clusters."""
-    _configure_logging(log_level)
+    _configure_logging(log_level, log_format.lower())
 
 
 # ---------------------------------------------------------------------- rapi

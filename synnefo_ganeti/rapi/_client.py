@@ -80,7 +80,8 @@ class RapiClient:
     ``max_connections`` bounds the requests in flight (ganeti-rapi serves 20);
     ``long_poll_slots`` bounds how many of them ``wait_for_job`` may hold;
     ``timeout`` is the per-request limit in seconds; ``retry`` the policy for
-    transient failures.
+    transient failures; ``name`` the backend's name, the ``backend`` label of the
+    RAPI metrics (the URL's ``host:port`` when not given).
     """
 
     def __init__(
@@ -97,6 +98,7 @@ class RapiClient:
         long_poll_slots: int | None = None,
         verify_hostname: bool | None = None,
         retry: RetryPolicy | None = None,
+        name: str | None = None,
     ) -> None:
         url = url.rstrip("/")
         if not url.startswith(("http://", "https://")):
@@ -133,7 +135,9 @@ class RapiClient:
             max_connections=max_connections,
             long_poll_slots=long_poll_slots,
             timeout=timeout,
+            name=name,
         )
+        self.name = self._transport.name
         self._features: list[str] | None = None
 
     def __repr__(self) -> str:

@@ -19,6 +19,10 @@ Design, and why:
   header is built once. The password lives only inside that header value.
 * Errors are mapped here, once, onto :mod:`synnefo_ganeti.errors`; each message
   names the backend URL and what to do. Retrying is the layer above's business.
+* Every attempt is counted here (``synnefo_ganeti_rapi_requests_total``, by backend
+  ``name``, HTTP method and outcome) and timed on the wire, from holding a slot to the
+  whole answer read (``synnefo_ganeti_rapi_request_duration_seconds``; long-polls
+  are left out: they last as long as Ganeti makes them wait).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any, Final
 
 import aiohttp
 import orjson
+from prometheus_client import Counter, Histogram
 from yarl import URL
 
 from synnefo_ganeti._gc import gc_paused
@@ -48,6 +53,7 @@ from synnefo_ganeti.errors import (
     TLSError,
     UnavailableError,
 )
+from synnefo_ganeti.metrics import RAPI_LATENCY, RAPI_REQUESTS
 from synnefo_ganeti.rapi._tls import TLSConfig
 
 __all__ = ["Transport"]
@@ -76,8 +82,10 @@ class Transport:
         max_connections: int,
         long_poll_slots: int,
         timeout: float,
+        name: str | None = None,
     ) -> None:
         self.url = url
+        self.name = name or default_name(url)
         self.username = username
         self.tls_mode = tls_mode
         self.max_connections = max_connections
@@ -95,6 +103,8 @@ class Transport:
         self.waiting = 0
         self.long_polls = 0
         self.requests_sent = 0
+        self._counted: dict[tuple[str, str], Counter] = {}  # (method, outcome) -> labelled child
+        self._timed: dict[str, Histogram] = {}  # method -> labelled child
 
     def __repr__(self) -> str:
         state = "open" if self._session is not None and not self._session.closed else "closed"
@@ -154,13 +164,19 @@ class Transport:
             async with self._poll_slots:
                 self.long_polls += 1
                 try:
-                    return await self._send(method, path, query, body, timeout)
+                    return await self._send(method, path, query, body, timeout, long_poll=True)
                 finally:
                     self.long_polls -= 1
         return await self._send(method, path, query, body, timeout)
 
     async def _send(
-        self, method: str, path: str, query: dict[str, str] | None, body: Any, timeout: float | None
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str] | None,
+        body: Any,
+        timeout: float | None,
+        long_poll: bool = False,
     ) -> Any:
         assert self._session is not None
         url = URL(self._base + path, encoded=True)
@@ -182,6 +198,7 @@ class Transport:
             self.waiting -= 1
         self.in_flight += 1
         self.requests_sent += 1
+        outcome = "canceled"
         started = time.perf_counter()
         try:
             async with self._session.request(
@@ -190,25 +207,46 @@ class Transport:
                 payload = await response.read()
                 status = response.status
         except GanetiError:
+            outcome = "error"
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise self._transport_error(exc, method, path, limit) from None
+            error = self._transport_error(exc, method, path, limit)
+            outcome = _outcome(error)
+            raise error from None
+        else:
+            outcome = "ok" if status < 400 else f"http_{status}"
         finally:
+            elapsed = time.perf_counter() - started
             self.in_flight -= 1
             self._slots.release()
-        elapsed_ms = (time.perf_counter() - started) * 1000
-        logger.debug("%s %s %s -> %s in %.1f ms", self.url, method, path, status, elapsed_ms)
+            if outcome != "ok":  # counted below once the body proves to be JSON
+                self._count(method, outcome, None if long_poll or outcome == "canceled" else elapsed)
+        logger.debug("%s %s %s -> %s in %.1f ms", self.url, method, path, status, elapsed * 1000)
         if status >= 400:
             raise self._http_error(status, payload, method, path)
         try:
-            return decode_json(payload)
+            answer = decode_json(payload)
         except orjson.JSONDecodeError:
+            self._count(method, "bad_answer", None if long_poll else elapsed)
             raise RapiError(
                 f"{self.url}: {method} {path} answered HTTP {status} with a body that is not JSON "
                 f"({payload[:80]!r}); is this URL a ganeti-rapi (port 5080)?",
                 url=self.url,
                 status=status,
             ) from None
+        self._count(method, "ok", None if long_poll else elapsed)
+        return answer
+
+    def _count(self, method: str, outcome: str, elapsed: float | None) -> None:
+        counter = self._counted.get((method, outcome))
+        if counter is None:
+            counter = self._counted[method, outcome] = RAPI_REQUESTS.labels(self.name, method, outcome)
+        counter.inc()
+        if elapsed is not None:
+            histogram = self._timed.get(method)
+            if histogram is None:
+                histogram = self._timed[method] = RAPI_LATENCY.labels(self.name, method)
+            histogram.observe(elapsed)
 
     def _client_timeout(self, limit: float) -> aiohttp.ClientTimeout:
         timeout = self._timeouts.get(limit)
@@ -309,6 +347,23 @@ class Transport:
             f"{what}: the connection broke before a full answer ({_reason(exc)}); retry",
             url=self.url,
         )
+
+
+def default_name(url: str) -> str:
+    """The backend label of a client made without a name: the URL's ``host:port``."""
+    parsed = URL(url)
+    host = parsed.raw_host or url
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    return f"{host}:{parsed.port}" if parsed.port is not None else host
+
+
+def _outcome(error: GanetiError) -> str:
+    if isinstance(error, TLSError):
+        return "tls"
+    if isinstance(error, RapiTimeoutError):
+        return "timeout"
+    return "connection"
 
 
 def _reason(exc: BaseException) -> str:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from synnefo_ganeti._backends import BackendResources
 from synnefo_ganeti.errors import GanetiError, JobNotFoundError
 from synnefo_ganeti.jobs import JobFile, JobStatus, LogLine, OpState, op_instance
+from synnefo_ganeti.metrics import DRIFT_FOUND
 from synnefo_ganeti.rapi import Job, RapiClient
 from synnefo_ganeti.reconcile._plan import (
     BUILD_GRACE,
@@ -355,6 +356,8 @@ class Reconciler(BackendResources):
             async with asyncio.timeout(timeout):
                 db, gnt = await self.snapshots(backend)
             drifts = plan(db, gnt, build_grace=self.build_grace)
+            for drift in drifts:
+                DRIFT_FOUND.labels(backend, drift.kind.value).inc()
             if drifts and (fixes or delete_orphans):
                 async with asyncio.timeout(timeout):
                     await apply(
