@@ -1,4 +1,4 @@
-"""Placement of new instances on backends: credit-based balancing, round-robin for comparison."""
+"""Placement of new instances on backends: credits weighed by how fast each drains, round-robin to compare."""
 
 from __future__ import annotations
 

@@ -27,7 +27,9 @@ A placement reserves capacity until :meth:`Allocator.release` (the create failed
 was never submitted) or until :meth:`Allocator.accounted` (the job ran) followed by
 an :meth:`Allocator.update` whose node stats were read after that moment;
 :meth:`Allocator.finished` (the create's job ended, with its time in Ganeti) does
-one or the other and teaches the backend's create time.
+one or the other and teaches the backend's create time. :meth:`Allocator.submitted`
+(the job id came back) tells which creates were ahead of it in Ganeti, so that time
+can be divided by the waves it waited.
 """
 
 from __future__ import annotations
@@ -185,8 +187,9 @@ class _Backend:
     reservations: dict[int, Reservation] = field(default_factory=dict)
     # id -> monotonic time the job was accounted; dropped by the first update read after it.
     accounted: dict[int, float] = field(default_factory=dict)
-    # id -> creates in flight here when it was placed, while its job has not ended.
+    # id -> creates ahead of it (in flight when placed; in Ganeti when submitted), until its job ends.
     queue: dict[int, int] = field(default_factory=dict)
+    sent: set[int] = field(default_factory=set)  # ids in ``queue`` that Ganeti has
     create_seconds: float | None = None  # learned by finished(); None until a create ended
     last_chosen: int = -1
 
@@ -395,6 +398,7 @@ class Allocator:
             return False
         backend.accounted.pop(reservation.id, None)
         backend.queue.pop(reservation.id, None)
+        backend.sent.discard(reservation.id)
         return backend.reservations.pop(reservation.id, None) is not None
 
     def accounted(self, reservation: Reservation, *, now: float | None = None) -> None:
@@ -402,7 +406,17 @@ class Allocator:
         backend = self._backends.get(reservation.name)
         if backend is not None and reservation.id in backend.reservations:
             backend.queue.pop(reservation.id, None)
+            backend.sent.discard(reservation.id)
             backend.accounted[reservation.id] = time.monotonic() if now is None else now
+
+    def submitted(self, reservation: Reservation) -> None:
+        """Ganeti has the create (its job id came back): the creates ahead of it are now
+        those already in Ganeti whose job has not ended, not all those placed before it."""
+        backend = self._backends.get(reservation.name)
+        if backend is None or reservation.id not in backend.queue or reservation.id in backend.sent:
+            return
+        backend.queue[reservation.id] = len(backend.sent)
+        backend.sent.add(reservation.id)
 
     def finished(
         self, reservation: Reservation, seconds: float, *, ok: bool = True, now: float | None = None
@@ -414,8 +428,10 @@ class Allocator:
         learned (a failed create ends early, its time says nothing of the node's pace).
 
         ``seconds`` includes the wait behind the creates ahead of this one; with ``a``
-        of them in flight when it was placed and ``n`` usable nodes, the create itself
-        took about ``seconds * n / max(n, a + 1)`` (the queue drains ``n`` at a time).
+        of them in Ganeti when it was :meth:`submitted` (without that call: in flight
+        when it was placed, an overcount when submissions lag) and ``n`` usable nodes,
+        the create itself took about ``seconds * n / max(n, a + 1)`` (the queue drains
+        ``n`` at a time).
         When creates serialise more than per node (a cluster-wide lock, a low
         ``max_running_jobs``), this learns a longer per-node time: the drain rate
         measured, not the one assumed.

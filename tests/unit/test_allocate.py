@@ -307,6 +307,19 @@ def test_time_in_ganeti_is_corrected_for_the_queue_ahead() -> None:
     assert alloc.pending("a").count == 3
 
 
+def test_submitted_counts_only_the_creates_ganeti_has_ahead() -> None:
+    alloc = allocator(nodes_view("a", 2, 64 * GIB))
+    held = [alloc.place(spec(GIB)) for _ in range(8)]  # 7 placed before the last
+    for res in held[:3]:
+        alloc.submitted(res)
+    alloc.finished(held[0], 1.0)
+    alloc.submitted(held[7])  # Ganeti has 2 ahead of it (held[1], held[2])
+    alloc.submitted(held[7])  # said twice: no change
+    alloc.finished(held[7], 3.0)  # 2 ahead on 2 nodes: (2 + 1) / 2 waves of 2 s (7 placed: 0.75 s)
+    assert alloc.create_seconds("a") == pytest.approx(1.0 + 0.2 * (2.0 - 1.0))
+    assert alloc.in_flight("a") == 6
+
+
 def test_unmeasured_backends_borrow_the_mean_of_the_others() -> None:
     alloc = allocator(
         nodes_view("a", 1, 64 * GIB), nodes_view("b", 1, 64 * GIB), nodes_view("c", 1, 64 * GIB)
