@@ -29,6 +29,14 @@ environment, ``__`` separates the levels: ``SYNNEFO_GANETI__DATABASE__URL``,
     interval = 300                      # seconds between reconcile passes
     timeout = 60                        # seconds per backend per pass
 
+    [dispatcher]                        # the daemon (synnefo-ganeti dispatcher); all optional
+    strategy = "credits"                # or "round_robin"
+    health_interval = 10                # seconds between health probes of each backend
+    fail_after = 3                      # failed probes in a row: down (no new placements)
+    recover_after = 2                   # good probes in a row: up again
+    webhook = "https://ops.example.org/hooks/ganeti"   # POSTed each health change
+    status_port = 9180                  # /metrics, /healthz, /readyz on status_host
+
 Every problem raises :class:`~synnefo_ganeti.errors.ConfigError`, one line per bad key:
 ``config file /etc/synnefo-ganeti.toml: backends.1.url: must start with https://...``.
 No message and no ``repr`` shows a password, a password file's content, or a database
@@ -76,6 +84,7 @@ __all__ = [
     "ENV_PREFIX",
     "BackendSettings",
     "DatabaseSettings",
+    "DispatcherSettings",
     "OwnershipSettings",
     "ReconcileSettings",
     "Settings",
@@ -372,8 +381,48 @@ class ReconcileSettings(_Section):
     timeout: float = Field(default=60.0, gt=0, allow_inf_nan=False)
 
 
+class DispatcherSettings(_Section):
+    """``[dispatcher]``: the daemon's health checks, placement, submission and status server."""
+
+    #: "credits" (weighs free capacity and how fast each backend drains) or "round_robin"
+    strategy: str = Field(default="credits", pattern=r"^(credits|round_robin)$")
+    health_interval: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    health_timeout: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    #: probes failed in a row before a backend is down; succeeded in a row before it is up again
+    fail_after: int = Field(default=3, ge=1)
+    recover_after: int = Field(default=2, ge=1)
+    #: POST each health change (JSON) here; off when unset
+    webhook: str | None = None
+    #: seconds between node-stats refreshes of a backend (also refreshed after placements run)
+    stats_interval: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    #: creates in flight to one backend at once (Ganeti's RAPI serves 20 clients)
+    submit_concurrency: int = Field(default=8, ge=1, le=20)
+    #: RAPI /wait long-polls at once per backend, for backends without a local queue_dir
+    track_concurrency: int = Field(default=4, ge=1, le=16)
+    #: how many requests one claim takes
+    claim_batch: int = Field(default=50, ge=1, le=1000)
+    #: seconds between looks for new requests when nothing wakes the dispatcher
+    poll_interval: float = Field(default=0.5, gt=0, allow_inf_nan=False)
+    #: a request no backend can take is tried again until it is this old (seconds), then failed
+    placement_timeout: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    #: seconds SIGTERM leaves in-flight calls to finish
+    shutdown_timeout: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    #: the status server (/metrics, /healthz, /readyz); port 0 picks a free one, None: off
+    status_host: str = "127.0.0.1"
+    status_port: int | None = Field(default=9180, ge=0, le=65535)
+
+    @field_validator("webhook")
+    @classmethod
+    def _check_webhook(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+
 class Settings(BaseSettings):
-    """All the settings: ``[database]``, ``[[backends]]``, ``[ownership]``, ``[reconcile]``.
+    """All the settings: ``[database]``, ``[[backends]]``, ``[ownership]``, ``[reconcile]``, ``[dispatcher]``.
 
     ``Settings()`` reads the file named by ``SYNNEFO_GANETI_CONFIG`` (if set);
     :meth:`from_file` reads a given one. ``SYNNEFO_GANETI__...`` environment variables
@@ -393,6 +442,7 @@ class Settings(BaseSettings):
     backends: list[BackendSettings] = Field(default_factory=list)
     ownership: OwnershipSettings = Field(default_factory=OwnershipSettings)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
+    dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
 
     _source: Path | None = PrivateAttr(default=None)
 

@@ -13,19 +13,39 @@ and records the job before it returns:
 
 The instance's state then follows the jobs' ends as the watcher (or the reconciler)
 stores them; a job whose end was stored before it was recorded is applied on record.
+
+Durable requests (``request_instance``) only write a request row and return its id:
+the dispatcher (``synnefo-ganeti dispatcher``) places, submits and records it, and
+``wait_request`` tells how it ended. They survive crashes of the caller and of the
+dispatcher; see :mod:`synnefo_ganeti.dispatch`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from synnefo_ganeti import metrics
 from synnefo_ganeti._backends import BackendResources
-from synnefo_ganeti.errors import ConfigError, CreateOutcomeUnknownError, GanetiError, StoreError
+from synnefo_ganeti.errors import (
+    ConfigError,
+    CreateOutcomeUnknownError,
+    GanetiError,
+    JobNotFoundError,
+    RequestTimeoutError,
+    StoreError,
+)
 from synnefo_ganeti.rapi import InstanceSpec, RapiClient
 from synnefo_ganeti.reconcile._observe import expectation, expected_beparams
-from synnefo_ganeti.store import InstanceAction, InstanceStatus, StoredInstance
+from synnefo_ganeti.store import (
+    InstanceAction,
+    InstanceStatus,
+    Request,
+    RequestStatus,
+    StoredInstance,
+)
 
 __all__ = ["ControlPlane"]
 
@@ -107,9 +127,46 @@ class ControlPlane(BackendResources):
         await self.store.record_instance_job(backend, name, job_id, action, params=params)
         return job_id
 
-    async def delete_instance(self, name: str, *, backend: str) -> int:
-        """Remove the instance from Ganeti; DESTROYED once the job succeeds."""
+    async def delete_instance(self, name: str, *, backend: str, build_timeout: float | None = None) -> int:
+        """Remove the instance from Ganeti; DESTROYED once the job succeeds.
+
+        An instance still in BUILD has its create job canceled if Ganeti has not started
+        it (the instance then never exists: DESTROYED at once, the create's job id is
+        returned); a create already running is waited for (``build_timeout``), then the
+        instance is removed as usual.
+        """
+        instance = await self.store.get_instance(backend, name)
+        if instance is not None and instance.status is InstanceStatus.BUILD:
+            settled = await self._settle_build(instance, timeout=build_timeout)
+            if settled is not None:
+                return settled
         return await self._submit(backend, name, InstanceAction.REMOVE, lambda c: c.delete_instance(name))
+
+    async def _settle_build(self, instance: StoredInstance, *, timeout: float | None) -> int | None:
+        """Cancel or wait out a BUILD instance's create; its job id if nothing is left to remove."""
+        backend, name, job_id = instance.backend, instance.name, instance.create_job_id
+        if job_id is None:
+            raise StoreError(
+                f"instance {name} of backend {backend} is BUILD with no create job recorded yet; "
+                "cancel its request ('synnefo-ganeti requests cancel') or wait for the reconciler"
+            )
+        client = await self.client(backend)
+        canceled = await client.cancel_job(job_id)
+        try:
+            job = await client.wait_for_job(job_id, timeout=timeout)
+        except JobNotFoundError:
+            job = None
+        if canceled.success or (job is not None and job.status.value != "success"):
+            log.info(
+                "delete of %s on %s: its create job %d %s",
+                name,
+                backend,
+                job_id,
+                "was canceled" if canceled.success else "failed",
+            )
+            await self.store.update_instance(backend, name, status=InstanceStatus.DESTROYED)
+            return job_id
+        return None
 
     async def startup_instance(self, name: str, *, backend: str) -> int:
         return await self._submit(backend, name, InstanceAction.STARTUP, lambda c: c.startup_instance(name))
@@ -137,3 +194,83 @@ class ControlPlane(BackendResources):
 
     async def list_instances(self, *, backend: str | None = None) -> list[StoredInstance]:
         return await self.store.list_instances(backend=backend)
+
+    # -- durable requests ------------------------------------------------------------------------
+
+    async def request_instance(
+        self, spec: InstanceSpec, *, backend: str | None = None, request_id: str | None = None
+    ) -> str:
+        """Write a durable create request and return its id (a UUID string) at once.
+
+        The dispatcher places it (on ``backend`` if given), submits and records it;
+        :meth:`wait_request` tells how it ended. ``request_id`` makes the call idempotent:
+        the same id again returns the same request.
+        """
+        if backend is not None:
+            self.settings.backend(backend)  # an unknown name is a ConfigError now, not a failed request later
+        request, new = await self.store.add_request(
+            spec.model_dump(mode="json"), name=spec.name, backend=backend, request_id=request_id
+        )
+        if new:
+            metrics.REQUESTS.labels("pending").inc()
+        return request.id
+
+    async def get_request(self, request_id: str) -> Request:
+        request = await self.store.get_request(request_id)
+        if request is None:
+            raise StoreError(f"request {request_id} is not in the database; check the id")
+        return request
+
+    async def list_requests(
+        self,
+        *,
+        status: Iterable[RequestStatus | str] | None = None,
+        backend: str | None = None,
+        limit: int | None = None,
+    ) -> list[Request]:
+        return await self.store.list_requests(status=status, backend=backend, limit=limit)
+
+    async def wait_request(self, request_id: str, *, timeout: float | None = None) -> Request:
+        """Wait until the request ends (succeeded, failed or canceled) and return it.
+
+        Raises :class:`RequestTimeoutError` after ``timeout`` seconds (the request goes on).
+        Changes written by this process wake the wait at once; another process's (the
+        dispatcher's) are seen within a poll of at most 0.5 s.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            request = await self.get_request(request_id)
+            if request.is_final:
+                return request
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise RequestTimeoutError(
+                    f"request {request_id} has not ended within {timeout:g} s (it is {request.status}); "
+                    "it goes on: wait again, or cancel it",
+                    request_id=request_id,
+                    status=request.status.value,
+                )
+            await self.store.wait_for_change(delay if left is None else min(delay, left))
+            delay = min(delay * 2, 0.5)
+
+    async def cancel_request(self, request_id: str) -> Request:
+        """Cancel a request: one not yet submitted is canceled in the database (a dispatcher
+        working on it stops before submitting); a submitted one through ``cancel_job`` while
+        its job is still queued. A request that ended already is returned unchanged."""
+        request, done = await self.store.cancel_request(request_id)
+        if done or request.status is not RequestStatus.SUBMITTED:
+            return request
+        assert request.backend is not None and request.job_id is not None
+        result = await (await self.client(request.backend)).cancel_job(request.job_id)
+        if not result.success:
+            latest = await self.get_request(request_id)
+            if latest.is_final:
+                return latest
+            raise GanetiError(
+                f"request {request_id}: its job {request.job_id} on {request.backend} could not be canceled "
+                f"({result.message}); it is running already: delete the instance once it exists"
+            )
+        return await self.store.finish_request(
+            request_id, RequestStatus.CANCELED, error=f"job {request.job_id} canceled"
+        )

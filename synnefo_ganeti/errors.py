@@ -177,3 +177,12 @@ class StoreError(GanetiError):
 
     ``url`` is the database URL with its password masked.
     """
+
+
+class RequestTimeoutError(GanetiError, TimeoutError):
+    """``wait_request`` gave up: the request has not ended yet (it goes on; wait again)."""
+
+    def __init__(self, message: str, *, request_id: str, status: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+        self.status = status

@@ -7,7 +7,7 @@ then ``await rapi.create_instances(specs)``. See :class:`RapiClient`.
 from __future__ import annotations
 
 from synnefo_ganeti.jobs import JobStatus
-from synnefo_ganeti.rapi._client import CreateProgress, RapiClient, new_request_id
+from synnefo_ganeti.rapi._client import REASON_PREFIX, CreateProgress, RapiClient, new_request_id
 from synnefo_ganeti.rapi._models import (
     CancelResult,
     ClusterInfo,
@@ -19,10 +19,11 @@ from synnefo_ganeti.rapi._models import (
     Node,
     Timestamp,
 )
-from synnefo_ganeti.rapi._retry import RetryPolicy
+from synnefo_ganeti.rapi._retry import RetryPolicy, is_transient, is_unsent
 from synnefo_ganeti.rapi._tls import parse_fingerprint
 
 __all__ = [
+    "REASON_PREFIX",
     "CancelResult",
     "ClusterInfo",
     "CreateProgress",
@@ -36,6 +37,8 @@ __all__ = [
     "RapiClient",
     "RetryPolicy",
     "Timestamp",
+    "is_transient",
+    "is_unsent",
     "new_request_id",
     "parse_fingerprint",
 ]

@@ -14,6 +14,13 @@ from synnefo_ganeti.store._instances import (
     instance_status_after,
 )
 from synnefo_ganeti.store._migrate import current_revision, head_revision, upgrade
+from synnefo_ganeti.store._requests import (
+    Request,
+    RequestNotHeldError,
+    RequestStatus,
+    new_request_id,
+    request_tag,
+)
 from synnefo_ganeti.store._store import (
     CommitInfo,
     JobVersion,
@@ -33,6 +40,9 @@ __all__ = [
     "InstanceStatus",
     "JobVersion",
     "PruneResult",
+    "Request",
+    "RequestNotHeldError",
+    "RequestStatus",
     "Store",
     "StoredEvent",
     "StoredInstance",
@@ -43,7 +53,9 @@ __all__ = [
     "display_url",
     "head_revision",
     "instance_status_after",
+    "new_request_id",
     "normalize_url",
+    "request_tag",
     "upgrade",
     "upgrade_database",
 ]

@@ -20,6 +20,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Row, Table, select, update
 
 from synnefo_ganeti.jobs import JobStatus, JobSummary
+from synnefo_ganeti.store._requests import settle_requests
 from synnefo_ganeti.store._schema import Backend, Instance, InstanceJob, Job
 
 __all__ = [
@@ -180,6 +181,11 @@ def apply_final_jobs(
             ).all()
             for row in rows:
                 changed += _apply_one(conn, backend_id, row, summaries[row.job_id], now)
+            creates = [
+                (row.job_id, summaries[row.job_id]) for row in rows if row.action == InstanceAction.CREATE
+            ]
+            if creates:
+                settle_requests(conn, backend_id, creates, now)
     return changed
 
 

@@ -29,7 +29,18 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["Backend", "Base", "Instance", "InstanceJob", "Job", "JobEventRow", "UTCDateTime", "metadata"]
+__all__ = [
+    "Backend",
+    "BackendEvent",
+    "Base",
+    "CreateRequest",
+    "Instance",
+    "InstanceJob",
+    "Job",
+    "JobEventRow",
+    "UTCDateTime",
+    "metadata",
+]
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -81,6 +92,10 @@ class Backend(Base):
     #: drained by an operator (``synnefo-ganeti backends drain``): no new instances
     drained: Mapped[bool] = mapped_column(Boolean, default=False)
     drained_at: Mapped[datetime | None]
+    #: what the dispatcher's health checks last concluded: "up", "down" or None (never checked)
+    health: Mapped[str | None] = mapped_column(String(8))
+    health_at: Mapped[datetime | None]
+    health_detail: Mapped[str | None] = mapped_column(Text)
 
 
 class Instance(Base):
@@ -185,3 +200,51 @@ class JobEventRow(Base):
     log_message: Mapped[str | None] = mapped_column(Text)
     event_time: Mapped[datetime | None]
     stored_at: Mapped[datetime]
+
+
+class BackendEvent(Base):
+    """Something that happened to a backend as a whole: health went down or up, drained."""
+
+    __tablename__ = "backend_events"
+    __table_args__ = (Index("ix_backend_events_backend_id_at", "backend_id", "at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    backend_id: Mapped[int] = mapped_column(ForeignKey("backends.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime]
+
+
+class CreateRequest(Base):
+    """A durable instance-create request (``ControlPlane.request_instance``).
+
+    ``status``: pending (not submitted yet), submitted (the create job is recorded),
+    succeeded, failed or canceled. A dispatcher ``claimed_by`` a pending request works on
+    it; once it has chosen a backend (``backend_id`` set, ``attempts`` counted) the create
+    may have reached Ganeti, so a dispatcher taking the request over asks Ganeti (by the
+    request id in the job's reason and the instance's tags) before submitting again.
+    """
+
+    __tablename__ = "requests"
+    __table_args__ = (
+        Index("ix_requests_status_created_at", "status", "created_at"),
+        Index("ix_requests_backend_id_job_id", "backend_id", "job_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(255))
+    spec: Mapped[dict[str, Any]]
+    #: the backend the caller asked for (None: the dispatcher chooses)
+    want_backend: Mapped[str | None] = mapped_column(String(64))
+    backend_id: Mapped[int | None] = mapped_column(ForeignKey("backends.id", ondelete="SET NULL"))
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    claimed_by: Mapped[str | None] = mapped_column(String(64))
+    claimed_at: Mapped[datetime | None]
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    submitted_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]

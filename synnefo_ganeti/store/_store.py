@@ -58,7 +58,7 @@ from sqlalchemy.sql.expression import Executable
 from synnefo_ganeti import metrics
 from synnefo_ganeti.errors import StoreError
 from synnefo_ganeti.jobs import EventKind, JobFile, JobStatus, JobSummary, job_events
-from synnefo_ganeti.store import _migrate
+from synnefo_ganeti.store import _migrate, _requests
 from synnefo_ganeti.store._instances import (
     InstanceAction,
     InstanceStatus,
@@ -68,6 +68,7 @@ from synnefo_ganeti.store._instances import (
     instances_t,
     stored_final_job,
 )
+from synnefo_ganeti.store._requests import Request, RequestStatus
 from synnefo_ganeti.store._schema import Backend, Job, JobEventRow
 from synnefo_ganeti.store._urls import display_url, normalize_url
 
@@ -254,6 +255,8 @@ class _Call:
 
     fn: Callable[[Connection], Any]
     future: asyncio.Future[Any]
+    #: PostgreSQL: take the writers' advisory lock (False for request claims, which rely on row locks)
+    exclusive: bool = True
 
 
 _Pending = JobVersion | _Call | None
@@ -528,7 +531,7 @@ class Store:
         delay = 0.05
         for attempt in range(60):
             try:
-                result = await self._run_transaction(call.fn)
+                result = await self._run_transaction(call.fn, exclusive=call.exclusive)
             except IntegrityError as exc:
                 if not call.future.done():
                     call.future.set_exception(self._error("conflict writing to", exc))
@@ -556,13 +559,13 @@ class Store:
                 )
             )
 
-    async def _run_transaction(self, fn: Callable[[Connection], T]) -> T:
+    async def _run_transaction(self, fn: Callable[[Connection], T], *, exclusive: bool = True) -> T:
         """Run ``fn`` in one write transaction: in the writer's thread (SQLite file) or via run_sync."""
         if self._sync_engine is not None:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._sync_executor, self._transaction_in_thread, fn)
         async with self.engine.connect() as conn:
-            conn = await self._begin_write(conn)
+            conn = await self._begin_write(conn, exclusive=exclusive)
             result = await conn.run_sync(fn)
             await conn.commit()
         return result
@@ -576,12 +579,15 @@ class Store:
             conn.commit()
         return result
 
-    async def call(self, fn: Callable[[Connection], T]) -> T:
-        """Run ``fn(connection)`` in a write transaction of the writer task; its result."""
+    async def call(self, fn: Callable[[Connection], T], *, exclusive: bool = True) -> T:
+        """Run ``fn(connection)`` in a write transaction of the writer task; its result.
+
+        ``exclusive=False`` (PostgreSQL): without the writers' advisory lock, for
+        transactions that serialise on row locks of their own (request claims)."""
         if self._queue is None or self._closed:
             raise RuntimeError("the store is not open")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Call(fn, future))
+        await self._queue.put(_Call(fn, future, exclusive))
         return await future
 
     async def _write_with_retry(self, batch: list[JobVersion]) -> None:
@@ -656,11 +662,11 @@ class Store:
         await self._ensure_backends([name])
         return self._backend_ids[name]
 
-    async def _begin_write(self, conn: AsyncConnection) -> AsyncConnection:
+    async def _begin_write(self, conn: AsyncConnection, *, exclusive: bool = True) -> AsyncConnection:
         if self.dialect == "sqlite":
             conn = await conn.execution_options(sqlite_immediate=True)
         await conn.begin()
-        if self.dialect == "postgresql":
+        if self.dialect == "postgresql" and exclusive:
             await conn.execute(_WRITE_LOCK, {"key": _WRITE_LOCK_KEY})
         return conn
 
@@ -802,6 +808,19 @@ class Store:
             )
             for listener in self.on_commit:
                 listener(info)
+
+    async def wait_for_change(self, timeout: float) -> bool:
+        """Wait until this store's writer commits something, or ``timeout`` seconds; True if it did.
+
+        Only this process's commits wake it: code waiting on another process's writes
+        polls with it (the timeout is the poll interval)."""
+        wakeup = self._wakeup
+        try:
+            async with asyncio.timeout(timeout):
+                await wakeup.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def _wake(self) -> None:
         wakeup, self._wakeup = self._wakeup, asyncio.Event()
@@ -1052,45 +1071,17 @@ class Store:
         """Write an instance row (BUILD by default). A name whose instance was DESTROYED or
         ended in ERROR starts a new life; any other existing row is a :class:`StoreError`."""
         backend_id = await self.ensure_backend(backend)
-
-        def run(conn: Connection) -> StoredInstance:
-            now = datetime.now(UTC)
-            where = (instances_t.c.backend_id == backend_id, instances_t.c.name == name)
-            row = conn.execute(select(instances_t.c.id, instances_t.c.status).where(*where)).first()
-            values = {
-                "status": InstanceStatus(status).value,
-                "owned": owned,
-                "os": os,
-                "disk_template": disk_template,
-                "beparams": beparams,
-                "nics": nics,
-                "disks": disks,
-                "tags": tags,
-                "create_job_id": None,
-                "state_time": None,
-                "updated_at": now,
-            }
-            if row is None:
-                conn.execute(
-                    insert(instances_t).values(backend_id=backend_id, name=name, created_at=now, **values)
-                )
-            elif row.status in (InstanceStatus.DESTROYED, InstanceStatus.ERROR):
-                # jobs of the name's previous life must not move the new one
-                conn.execute(
-                    delete(instance_jobs_t).where(
-                        instance_jobs_t.c.instance_id == row.id, instance_jobs_t.c.applied_at.is_(None)
-                    )
-                )
-                conn.execute(update(instances_t).where(instances_t.c.id == row.id).values(**values))
-            else:
-                raise StoreError(
-                    f"instance {name} of backend {backend} is already in the database ({row.status}); "
-                    "delete it first or pick another name",
-                    url=self.display_url,
-                )
-            return _instance(conn, backend_id, backend, name)
-
-        return await self.call(run)
+        values = {
+            "status": InstanceStatus(status).value,
+            "owned": owned,
+            "os": os,
+            "disk_template": disk_template,
+            "beparams": beparams,
+            "nics": nics,
+            "disks": disks,
+            "tags": tags,
+        }
+        return await self.call(lambda conn: _add_instance(conn, backend_id, backend, name, values))
 
     async def record_instance_job(
         self,
@@ -1107,38 +1098,9 @@ class Store:
         backend_id = await self.ensure_backend(backend)
         action = InstanceAction(action)
 
-        def run(conn: Connection) -> StoredInstance:
-            now = datetime.now(UTC)
-            instance = _instance(conn, backend_id, backend, name)
-            exists_already = conn.execute(
-                select(instance_jobs_t.c.job_id).where(
-                    instance_jobs_t.c.backend_id == backend_id, instance_jobs_t.c.job_id == job_id
-                )
-            ).first()
-            if exists_already is None:
-                conn.execute(
-                    insert(instance_jobs_t).values(
-                        backend_id=backend_id,
-                        job_id=job_id,
-                        instance_id=instance.id,
-                        action=action.value,
-                        start=start,
-                        params=params,
-                        recorded_at=now,
-                    )
-                )
-            if action is InstanceAction.CREATE:
-                conn.execute(
-                    update(instances_t)
-                    .where(instances_t.c.id == instance.id)
-                    .values(create_job_id=job_id, updated_at=now)
-                )
-            summary = stored_final_job(conn, backend_id, job_id)
-            if summary is not None:
-                apply_final_jobs(conn, [(backend_id, job_id, summary)], now)
-            return _instance(conn, backend_id, backend, name)
-
-        return await self.call(run)
+        return await self.call(
+            lambda conn: _record_instance_job(conn, backend_id, backend, name, job_id, action, start, params)
+        )
 
     async def update_instance(self, backend: str, name: str, **values: Any) -> StoredInstance:
         """Set columns of one instance (the reconciler's DB-side fixes)."""
@@ -1167,6 +1129,9 @@ class Store:
                 .where(instances_t.c.id == instance.id)
                 .values(**values, updated_at=datetime.now(UTC))
             )
+            new_status = values.get("status")
+            if instance.status is InstanceStatus.BUILD and new_status and instance.create_job_id is not None:
+                _requests.settle_by_instance(conn, backend_id, instance.create_job_id, new_status)
             return _instance(conn, backend_id, backend, name)
 
         return await self.call(run)
@@ -1215,6 +1180,253 @@ class Store:
             return [dict(row._mapping) for row in await conn.execute(query)]
 
         result: list[dict[str, Any]] = await self._read(run)
+        return result
+
+    async def unapplied_jobs(self, backend: str) -> list[int]:
+        """Jobs recorded against instances of ``backend`` whose end is not applied yet (oldest first)."""
+        backend_id = await self._backend_id(backend)
+        if backend_id is None:
+            return []
+
+        async def run(conn: AsyncConnection) -> list[int]:
+            rows = await conn.execute(
+                select(instance_jobs_t.c.job_id)
+                .where(instance_jobs_t.c.backend_id == backend_id, instance_jobs_t.c.applied_at.is_(None))
+                .order_by(instance_jobs_t.c.job_id)
+            )
+            return [int(row.job_id) for row in rows]
+
+        result: list[int] = await self._read(run)
+        return result
+
+    # -- durable requests ------------------------------------------------------------------------
+
+    async def add_request(
+        self,
+        spec: dict[str, Any],
+        *,
+        name: str,
+        backend: str | None = None,
+        request_id: str | None = None,
+    ) -> tuple[Request, bool]:
+        """Write a pending create request; (request, True) or, for an id already there, (it, False)."""
+        rid = request_id or _requests.new_request_id()
+        return await self.call(
+            lambda conn: _requests.add(conn, request_id=rid, name=name, spec=spec, want_backend=backend)
+        )
+
+    async def get_request(self, request_id: str) -> Request | None:
+        return await self.call_read(lambda conn: _requests.get(conn, request_id))
+
+    async def list_requests(
+        self,
+        *,
+        status: Iterable[RequestStatus | str] | None = None,
+        backend: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = True,
+    ) -> list[Request]:
+        statuses = [RequestStatus(s) for s in status] if status is not None else None
+        backend_id = None
+        if backend is not None:
+            backend_id = await self._backend_id(backend)
+            if backend_id is None:
+                return []
+        return await self.call_read(
+            lambda conn: _requests.list_requests(
+                conn, statuses=statuses, backend_id=backend_id, limit=limit, newest_first=newest_first
+            )
+        )
+
+    async def request_counts(self) -> dict[tuple[str | None, str], int]:
+        """(backend or None, status) -> number of requests."""
+        return await self.call_read(_requests.counts)
+
+    async def claim_requests(self, dispatcher: str, limit: int = 100) -> list[Request]:
+        """Take up to ``limit`` pending requests nobody holds (PostgreSQL: SKIP LOCKED)."""
+        skip_locked = self.dialect == "postgresql"
+        return await self.call(
+            lambda conn: _requests.claim(conn, dispatcher, limit, skip_locked=skip_locked), exclusive=False
+        )
+
+    async def request_claimants(self, *, exclude: str) -> set[str]:
+        return await self.call_read(lambda conn: _requests.claimants(conn, exclude))
+
+    async def take_over_requests(self, old: str, new: str) -> list[Request]:
+        """Move a dead dispatcher's pending requests to ``new``."""
+        return await self.call(lambda conn: _requests.take_over(conn, old, new), exclusive=False)
+
+    async def release_requests(self, dispatcher: str) -> int:
+        """Give back the requests ``dispatcher`` holds and has not placed."""
+        return await self.call(lambda conn: _requests.release(conn, dispatcher), exclusive=False)
+
+    async def place_request(
+        self, request_id: str, dispatcher: str, backend: str, instance: dict[str, Any]
+    ) -> Request:
+        """Before sending the create: the backend chosen, an attempt counted, the instance row
+        (BUILD, ``instance`` = its add_instance fields) added, in one transaction."""
+        backend_id = await self.ensure_backend(backend)
+
+        def run(conn: Connection) -> Request:
+            request = _requests.place(conn, request_id, dispatcher, backend_id)
+            existing = conn.execute(
+                select(instances_t.c.status, instances_t.c.create_job_id).where(
+                    instances_t.c.backend_id == backend_id, instances_t.c.name == request.instance
+                )
+            ).first()
+            # a retry of this request's own earlier attempt finds its BUILD row: keep it
+            if (
+                existing is None
+                or existing.status != InstanceStatus.BUILD
+                or existing.create_job_id is not None
+            ):
+                values = {"status": InstanceStatus.BUILD.value, "owned": True, **instance}
+                _add_instance(conn, backend_id, backend, request.instance, values)
+            return request
+
+        return await self.call(run)
+
+    async def unplace_request(self, request_id: str, dispatcher: str, *, error: str | None = None) -> Request:
+        """Ganeti certainly got nothing: forget the backend and the BUILD row (placed anew later)."""
+        return await self.call(lambda conn: _requests.unplace(conn, request_id, dispatcher, error=error))
+
+    async def submitted_request(self, request_id: str, job_id: int, *, start: bool | None = None) -> Request:
+        """The create was accepted as ``job_id``: the request is submitted and the job recorded
+        against its instance (a job end stored already settles both at once)."""
+
+        def run(conn: Connection) -> Request:
+            request = _requests.must_get(conn, request_id)
+            if request.backend is None:
+                raise StoreError(f"request {request_id} has no backend: place it before recording its job")
+            backend_id = (
+                self._backend_ids.get(request.backend)
+                or conn.execute(
+                    select(backends_t.c.id).where(backends_t.c.name == request.backend)
+                ).scalar_one()
+            )
+            _requests.mark_submitted(conn, request_id, job_id)
+            _record_instance_job(
+                conn,
+                backend_id,
+                request.backend,
+                request.instance,
+                job_id,
+                InstanceAction.CREATE,
+                start,
+                None,
+            )
+            return _requests.must_get(conn, request_id)
+
+        return await self.call(run)
+
+    async def finish_request(
+        self,
+        request_id: str,
+        status: RequestStatus | str,
+        *,
+        error: str | None = None,
+        dispatcher: str | None = None,
+        instance_status: InstanceStatus | None = None,
+    ) -> Request:
+        """End a request that never became a job (no capacity, refused by Ganeti, canceled);
+        its instance row, if placed, takes ``instance_status`` (ERROR for a refused create)."""
+        final = RequestStatus(status)
+
+        def run(conn: Connection) -> Request:
+            request = _requests.must_get(conn, request_id)
+            if request.backend is not None and instance_status is not None:
+                backend_id = conn.execute(
+                    select(backends_t.c.id).where(backends_t.c.name == request.backend)
+                ).scalar_one()
+                conn.execute(
+                    update(instances_t)
+                    .where(
+                        instances_t.c.backend_id == backend_id,
+                        instances_t.c.name == request.instance,
+                        instances_t.c.status == InstanceStatus.BUILD.value,
+                        instances_t.c.create_job_id.is_(None),
+                    )
+                    .values(status=instance_status.value, updated_at=datetime.now(UTC))
+                )
+            return _requests.finish(conn, request_id, final, error=error, dispatcher=dispatcher)
+
+        return await self.call(run)
+
+    async def cancel_request(self, request_id: str) -> tuple[Request, bool]:
+        """Cancel in the database what can be (see :func:`_requests.request_cancel`)."""
+        return await self.call(lambda conn: _requests.request_cancel(conn, request_id))
+
+    # -- backend health and events --------------------------------------------------------------
+
+    async def set_backend_health(
+        self, name: str, up: bool, *, detail: str | None = None, event: str | None = None
+    ) -> None:
+        """Record a backend's health (shown by ``backends list``); ``event`` also stores a backend event."""
+        backend_id = await self.ensure_backend(name)
+        await self.call(lambda conn: _requests.set_health(conn, backend_id, up, detail, event=event))
+
+    async def add_backend_event(self, name: str, kind: str, message: str) -> None:
+        backend_id = await self.ensure_backend(name)
+        await self.call(lambda conn: _requests.add_backend_event(conn, backend_id, kind, message))
+
+    async def backend_states(self) -> dict[str, dict[str, Any]]:
+        """Per backend in the database: drained, drained_at, health, health_at, health_detail."""
+
+        async def run(conn: AsyncConnection) -> dict[str, dict[str, Any]]:
+            rows = await conn.execute(
+                select(
+                    backends_t.c.name,
+                    backends_t.c.drained,
+                    backends_t.c.drained_at,
+                    backends_t.c.health,
+                    backends_t.c.health_at,
+                    backends_t.c.health_detail,
+                )
+            )
+            return {row.name: {k: v for k, v in row._mapping.items() if k != "name"} for row in rows}
+
+        result: dict[str, dict[str, Any]] = await self._read(run)
+        return result
+
+    async def backend_events(self, *, backend: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest backend events first: backend, kind, message, at."""
+
+        async def run(conn: AsyncConnection) -> list[dict[str, Any]]:
+            query = (
+                select(
+                    backends_t.c.name.label("backend"),
+                    _requests.backend_events_t.c.kind,
+                    _requests.backend_events_t.c.message,
+                    _requests.backend_events_t.c.at,
+                )
+                .join(backends_t, backends_t.c.id == _requests.backend_events_t.c.backend_id)
+                .order_by(_requests.backend_events_t.c.id.desc())
+                .limit(limit)
+            )
+            if backend is not None:
+                query = query.where(backends_t.c.name == backend)
+            return [dict(row._mapping) for row in await conn.execute(query)]
+
+        result: list[dict[str, Any]] = await self._read(run)
+        return result
+
+    async def _backend_id(self, name: str) -> int | None:
+        if name in self._backend_ids:
+            return self._backend_ids[name]
+
+        async def run(conn: AsyncConnection) -> dict[int, str]:
+            return await self._names(conn)
+
+        await self._read(run)
+        return self._backend_ids.get(name)
+
+    async def call_read(self, fn: Callable[[Connection], T]) -> T:
+        """Run a synchronous read ``fn(connection)`` on a connection of the async engine."""
+
+        async def run(conn: AsyncConnection) -> T:
+            return await conn.run_sync(fn)
+
+        result: T = await self._read(run)
         return result
 
     # -- retention -------------------------------------------------------------------------------
@@ -1397,3 +1609,69 @@ def _instance(conn: Connection, backend_id: int, backend: str, name: str) -> Sto
     if row is None:
         raise StoreError(f"instance {name} of backend {backend} is not in the database")
     return StoredInstance.from_row(row, backend)
+
+
+def _add_instance(
+    conn: Connection, backend_id: int, backend: str, name: str, values: dict[str, Any]
+) -> StoredInstance:
+    now = datetime.now(UTC)
+    values = {**values, "create_job_id": None, "state_time": None, "updated_at": now}
+    where = (instances_t.c.backend_id == backend_id, instances_t.c.name == name)
+    row = conn.execute(select(instances_t.c.id, instances_t.c.status).where(*where)).first()
+    if row is None:
+        conn.execute(insert(instances_t).values(backend_id=backend_id, name=name, created_at=now, **values))
+    elif row.status in (InstanceStatus.DESTROYED, InstanceStatus.ERROR):
+        # jobs of the name's previous life must not move the new one
+        conn.execute(
+            delete(instance_jobs_t).where(
+                instance_jobs_t.c.instance_id == row.id, instance_jobs_t.c.applied_at.is_(None)
+            )
+        )
+        conn.execute(update(instances_t).where(instances_t.c.id == row.id).values(**values))
+    else:
+        raise StoreError(
+            f"instance {name} of backend {backend} is already in the database ({row.status}); "
+            "delete it first or pick another name"
+        )
+    return _instance(conn, backend_id, backend, name)
+
+
+def _record_instance_job(
+    conn: Connection,
+    backend_id: int,
+    backend: str,
+    name: str,
+    job_id: int,
+    action: InstanceAction,
+    start: bool | None,
+    params: dict[str, Any] | None,
+) -> StoredInstance:
+    now = datetime.now(UTC)
+    instance = _instance(conn, backend_id, backend, name)
+    exists_already = conn.execute(
+        select(instance_jobs_t.c.job_id).where(
+            instance_jobs_t.c.backend_id == backend_id, instance_jobs_t.c.job_id == job_id
+        )
+    ).first()
+    if exists_already is None:
+        conn.execute(
+            insert(instance_jobs_t).values(
+                backend_id=backend_id,
+                job_id=job_id,
+                instance_id=instance.id,
+                action=action.value,
+                start=start,
+                params=params,
+                recorded_at=now,
+            )
+        )
+    if action is InstanceAction.CREATE:
+        conn.execute(
+            update(instances_t)
+            .where(instances_t.c.id == instance.id)
+            .values(create_job_id=job_id, updated_at=now)
+        )
+    summary = stored_final_job(conn, backend_id, job_id)
+    if summary is not None:
+        apply_final_jobs(conn, [(backend_id, job_id, summary)], now)
+    return _instance(conn, backend_id, backend, name)

@@ -16,7 +16,7 @@ from synnefo_ganeti.store import Store, current_revision, head_revision, normali
 from synnefo_ganeti.store._migrate import alembic_config
 from synnefo_ganeti.store._schema import metadata
 
-TABLES = {"backends", "instances", "instance_jobs", "jobs", "job_events"}
+TABLES = {"backends", "backend_events", "instances", "instance_jobs", "jobs", "job_events", "requests"}
 
 
 @pytest.fixture

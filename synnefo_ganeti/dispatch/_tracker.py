@@ -1,0 +1,131 @@
+"""Job ends of a backend whose queue directory is not local: RAPI ``/wait`` long-polls.
+
+When the dispatcher does not run on the Ganeti master it cannot watch the queue, so
+it follows the jobs it cares about (the creates it submitted, and on start-up every
+job recorded against an instance whose end is not applied yet) by long-polling
+``GET /2/jobs/ID/wait``, a few at a time: ``concurrency`` stays well below the 20
+clients ganeti-rapi serves, since the submitter and the reconciler need some too.
+Jobs are followed oldest first: Ganeti runs them roughly in order, so when the oldest
+ends, the next ones have often ended too and answer at once. Each end is stored like
+a job file the watcher read (``Store.record``), so the instance and the request move
+the same way as with the watcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+
+from synnefo_ganeti import metrics
+from synnefo_ganeti.errors import GanetiError, JobNotFoundError
+from synnefo_ganeti.rapi import RapiClient
+from synnefo_ganeti.reconcile import job_file
+from synnefo_ganeti.store import JobVersion, Store
+
+__all__ = ["JobTracker"]
+
+log = logging.getLogger("synnefo_ganeti.dispatch")
+
+
+class JobTracker:
+    """Follows jobs of one backend to their end and stores each end."""
+
+    def __init__(
+        self,
+        backend: str,
+        client: RapiClient,
+        store: Store,
+        *,
+        concurrency: int = 4,
+        retry_delay: float = 2.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, not {concurrency}")
+        self.backend = backend
+        self.client = client
+        self.store = store
+        self.concurrency = concurrency
+        self.retry_delay = retry_delay
+        self.ended = 0
+        self._queue: deque[int] = deque()
+        self._queued: set[int] = set()
+        self._active: set[int] = set()
+        self._wakeup = asyncio.Event()
+        self._gauge = metrics.JOBS_TRACKED.labels(backend)
+
+    def __repr__(self) -> str:
+        return f"<JobTracker {self.backend} {len(self)} jobs, {self.concurrency} at a time>"
+
+    def __len__(self) -> int:
+        return len(self._queued) + len(self._active)
+
+    def track(self, job_id: int) -> None:
+        """Follow ``job_id`` until it ends (a job already followed is not added twice)."""
+        job_id = int(job_id)
+        if job_id in self._queued or job_id in self._active:
+            return
+        self._queued.add(job_id)
+        # oldest first: a job id smaller than the queue's head goes in front
+        if self._queue and job_id < self._queue[0]:
+            self._queue.appendleft(job_id)
+        else:
+            self._queue.append(job_id)
+        self._gauge.set(len(self))
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        """Follow jobs until cancelled; start-up adds the jobs whose end the database lacks."""
+        try:
+            for job_id in await self.store.unapplied_jobs(self.backend):
+                self.track(job_id)
+        except GanetiError as exc:
+            log.warning("%s: cannot read the jobs in flight from the database (%s)", self.backend, exc)
+        workers = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for worker in workers:
+                worker.cancel()
+            for worker in workers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
+
+    async def _next(self) -> int:
+        while not self._queue:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        job_id = self._queue.popleft()
+        self._queued.discard(job_id)
+        self._active.add(job_id)
+        return job_id
+
+    async def _worker(self) -> None:
+        while True:
+            job_id = await self._next()
+            try:
+                await self._follow(job_id)
+            finally:
+                self._active.discard(job_id)
+                self._gauge.set(len(self))
+
+    async def _follow(self, job_id: int) -> None:
+        try:
+            job = await self.client.wait_for_job(job_id)
+        except JobNotFoundError:
+            log.warning(
+                "%s: job %d is unknown to Ganeti (archived and purged?); the reconciler settles its instance",
+                self.backend,
+                job_id,
+            )
+            return
+        except GanetiError as exc:
+            log.warning(
+                "%s: following job %d failed (%s); again in %g s", self.backend, job_id, exc, self.retry_delay
+            )
+            await asyncio.sleep(self.retry_delay)
+            self.track(job_id)
+            return
+        await self.store.put(JobVersion(self.backend, job_file(job)))
+        self.ended += 1

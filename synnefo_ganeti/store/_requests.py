@@ -1,0 +1,512 @@
+"""Durable instance-create requests: the rows a cloud API writes and the dispatcher works off.
+
+A request's life, each step one transaction:
+
+1. ``add_request``: a row ``pending`` with the spec; the caller has its id at once.
+2. ``claim_requests``: a dispatcher takes pending requests nobody holds
+   (PostgreSQL: ``FOR UPDATE SKIP LOCKED``, so dispatchers never take the same row).
+3. ``place_request``: the chosen backend is written, ``attempts`` counted, and the
+   instance row (BUILD) added, *before* the create is sent. From here on the create
+   may reach Ganeti even if the dispatcher dies, so whoever picks the request up
+   again asks Ganeti first (the request id travels in the job's reason and in a tag).
+4. ``submitted_request``: the job id is recorded (request ``submitted``, the
+   instance's create job recorded), or ``unplace_request`` when Ganeti certainly got
+   nothing (the request may go elsewhere), or ``finish_request`` (failed, canceled).
+5. The create job's end, stored by the watcher or the reconciler, settles the request
+   in the writer's transaction (``settle_requests``): succeeded, failed or canceled.
+
+Functions taking a ``Connection`` run inside a store transaction.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import Connection, Row, Table, delete, func, insert, select, update
+
+from synnefo_ganeti.errors import StoreError
+from synnefo_ganeti.jobs import JobStatus, JobSummary
+from synnefo_ganeti.store._schema import Backend, BackendEvent, CreateRequest, Instance, InstanceJob
+
+__all__ = [
+    "Request",
+    "RequestNotHeldError",
+    "RequestStatus",
+    "backend_events_t",
+    "new_request_id",
+    "request_tag",
+    "requests_t",
+    "settle_requests",
+]
+
+requests_t = cast(Table, CreateRequest.__table__)
+backend_events_t = cast(Table, BackendEvent.__table__)
+backends_t = cast(Table, Backend.__table__)
+instances_t = cast(Table, Instance.__table__)
+instance_jobs_t = cast(Table, InstanceJob.__table__)
+
+#: the tag a request's instance carries, so that Ganeti itself says which request made it
+REQUEST_TAG_PREFIX = "synnefo-ganeti:request:"
+
+
+def new_request_id() -> str:
+    return str(uuid.uuid4())
+
+
+def request_tag(request_id: str) -> str:
+    return f"{REQUEST_TAG_PREFIX}{request_id}"
+
+
+class RequestStatus(enum.StrEnum):
+    PENDING = "pending"
+    SUBMITTED = "submitted"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.CANCELED)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A durable create request as the database holds it.
+
+    ``backend`` is where it was placed (None before); ``instance`` the instance's name;
+    ``job_id`` the create job once submitted; ``error`` why it failed or was canceled.
+    ``placed`` (pending with a backend) means a create may have reached Ganeti.
+    """
+
+    id: str
+    status: RequestStatus
+    instance: str
+    spec: dict[str, Any]
+    want_backend: str | None
+    backend: str | None
+    job_id: int | None
+    error: str | None
+    attempts: int
+    claimed_by: str | None
+    claimed_at: datetime | None
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    submitted_at: datetime | None
+    finished_at: datetime | None
+
+    @property
+    def is_final(self) -> bool:
+        return self.status.is_final
+
+    @property
+    def placed(self) -> bool:
+        return self.status is RequestStatus.PENDING and self.backend is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "status": self.status.value,
+            "instance": self.instance,
+            "backend": self.backend,
+            "job_id": self.job_id,
+            "error": self.error,
+            "want_backend": self.want_backend,
+            "attempts": self.attempts,
+            "claimed_by": self.claimed_by,
+            "cancel_requested": self.cancel_requested,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "submitted_at": _iso(self.submitted_at),
+            "finished_at": _iso(self.finished_at),
+            "spec": self.spec,
+        }
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> Request:
+        return cls(
+            id=row.id,
+            status=RequestStatus(row.status),
+            instance=row.name,
+            spec=row.spec,
+            want_backend=row.want_backend,
+            backend=row.backend,
+            job_id=row.job_id,
+            error=row.error,
+            attempts=row.attempts,
+            claimed_by=row.claimed_by,
+            claimed_at=row.claimed_at,
+            cancel_requested=bool(row.cancel_requested),
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            submitted_at=row.submitted_at,
+            finished_at=row.finished_at,
+        )
+
+
+def select_requests() -> Any:
+    return select(requests_t, backends_t.c.name.label("backend")).outerjoin(
+        backends_t, backends_t.c.id == requests_t.c.backend_id
+    )
+
+
+def get(conn: Connection, request_id: str) -> Request | None:
+    row = conn.execute(select_requests().where(requests_t.c.id == request_id)).first()
+    return None if row is None else Request.from_row(row)
+
+
+def must_get(conn: Connection, request_id: str) -> Request:
+    found = get(conn, request_id)
+    if found is None:
+        raise StoreError(
+            f"request {request_id} is not in the database; check the id ('synnefo-ganeti requests list')"
+        )
+    return found
+
+
+def add(
+    conn: Connection,
+    *,
+    request_id: str,
+    name: str,
+    spec: dict[str, Any],
+    want_backend: str | None,
+) -> tuple[Request, bool]:
+    """Insert a pending request; an id already there is returned as is (False: not new)."""
+    existing = get(conn, request_id)
+    if existing is not None:
+        if existing.instance != name:
+            raise StoreError(
+                f"request {request_id} already exists for instance {existing.instance}, not {name}; "
+                "a request id names one create (leave it out to get a new one)"
+            )
+        return existing, False
+    now = datetime.now(UTC)
+    conn.execute(
+        insert(requests_t).values(
+            id=request_id,
+            status=RequestStatus.PENDING.value,
+            name=name,
+            spec=spec,
+            want_backend=want_backend,
+            attempts=0,
+            cancel_requested=False,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    return must_get(conn, request_id), True
+
+
+def claim(conn: Connection, dispatcher: str, limit: int, *, skip_locked: bool) -> list[Request]:
+    """Take up to ``limit`` pending requests nobody holds, oldest first."""
+    query = (
+        select(requests_t.c.id)
+        .where(
+            requests_t.c.status == RequestStatus.PENDING.value,
+            requests_t.c.claimed_by.is_(None),
+        )
+        .order_by(requests_t.c.created_at, requests_t.c.id)
+        .limit(limit)
+    )
+    if skip_locked:
+        query = query.with_for_update(skip_locked=True)
+    ids = [row.id for row in conn.execute(query)]
+    if not ids:
+        return []
+    now = datetime.now(UTC)
+    conn.execute(
+        update(requests_t)
+        .where(requests_t.c.id.in_(ids), requests_t.c.claimed_by.is_(None))
+        .values(claimed_by=dispatcher, claimed_at=now, updated_at=now)
+    )
+    rows = conn.execute(
+        select_requests().where(requests_t.c.id.in_(ids), requests_t.c.claimed_by == dispatcher)
+    )
+    return sorted((Request.from_row(row) for row in rows), key=lambda r: (r.created_at, r.id))
+
+
+def claimants(conn: Connection, exclude: str) -> set[str]:
+    """Dispatchers (other than ``exclude``) holding pending requests."""
+    rows = conn.execute(
+        select(requests_t.c.claimed_by)
+        .where(
+            requests_t.c.status == RequestStatus.PENDING.value,
+            requests_t.c.claimed_by.is_not(None),
+            requests_t.c.claimed_by != exclude,
+        )
+        .distinct()
+    )
+    return {row.claimed_by for row in rows}
+
+
+def take_over(conn: Connection, old: str, new: str) -> list[Request]:
+    """Move the pending requests of dispatcher ``old`` (known dead) to ``new``."""
+    ids = [
+        row.id
+        for row in conn.execute(
+            select(requests_t.c.id).where(
+                requests_t.c.status == RequestStatus.PENDING.value, requests_t.c.claimed_by == old
+            )
+        )
+    ]
+    if not ids:
+        return []
+    now = datetime.now(UTC)
+    conn.execute(
+        update(requests_t)
+        .where(requests_t.c.id.in_(ids), requests_t.c.claimed_by == old)
+        .values(claimed_by=new, claimed_at=now, updated_at=now)
+    )
+    rows = conn.execute(select_requests().where(requests_t.c.id.in_(ids)))
+    return sorted((Request.from_row(row) for row in rows), key=lambda r: (r.created_at, r.id))
+
+
+def release(conn: Connection, dispatcher: str) -> int:
+    """Give back the pending requests ``dispatcher`` holds and has not placed (shutdown)."""
+    result = conn.execute(
+        update(requests_t)
+        .where(
+            requests_t.c.status == RequestStatus.PENDING.value,
+            requests_t.c.claimed_by == dispatcher,
+            requests_t.c.backend_id.is_(None),
+        )
+        .values(claimed_by=None, claimed_at=None, updated_at=datetime.now(UTC))
+    )
+    return int(result.rowcount or 0)
+
+
+class RequestNotHeldError(StoreError):
+    """The dispatcher no longer holds the request (it ended, was canceled, or was taken over)."""
+
+
+def _held(conn: Connection, request_id: str, dispatcher: str) -> Request:
+    request = must_get(conn, request_id)
+    if request.status is not RequestStatus.PENDING or request.claimed_by != dispatcher:
+        raise RequestNotHeldError(
+            f"request {request_id} is no longer held by dispatcher {dispatcher} "
+            f"(status {request.status}, held by {request.claimed_by})"
+        )
+    return request
+
+
+def finish(
+    conn: Connection,
+    request_id: str,
+    status: RequestStatus,
+    *,
+    error: str | None = None,
+    dispatcher: str | None = None,
+) -> Request:
+    """End a request that never became a job (failed placement or submission, canceled)."""
+    if not status.is_final:
+        raise ValueError(f"{status} is not a final request status")
+    if dispatcher is not None:
+        _held(conn, request_id, dispatcher)
+    now = datetime.now(UTC)
+    conn.execute(
+        update(requests_t)
+        .where(requests_t.c.id == request_id, requests_t.c.status.in_(_OPEN))
+        .values(status=status.value, error=error, finished_at=now, updated_at=now, claimed_by=None)
+    )
+    return must_get(conn, request_id)
+
+
+_OPEN = (RequestStatus.PENDING.value, RequestStatus.SUBMITTED.value)
+
+
+def place(conn: Connection, request_id: str, dispatcher: str, backend_id: int) -> Request:
+    """Write the chosen backend and count an attempt (before the create is sent)."""
+    request = _held(conn, request_id, dispatcher)
+    if request.cancel_requested:
+        raise RequestNotHeldError(f"request {request_id} was canceled")
+    now = datetime.now(UTC)
+    conn.execute(
+        update(requests_t)
+        .where(requests_t.c.id == request_id)
+        .values(backend_id=backend_id, attempts=requests_t.c.attempts + 1, updated_at=now)
+    )
+    return must_get(conn, request_id)
+
+
+def unplace(conn: Connection, request_id: str, dispatcher: str, *, error: str | None = None) -> Request:
+    """Ganeti certainly got no create for this request: forget the backend (and the BUILD row)."""
+    request = _held(conn, request_id, dispatcher)
+    if request.backend is not None:
+        backend_id = conn.execute(
+            select(requests_t.c.backend_id).where(requests_t.c.id == request_id)
+        ).scalar_one()
+        conn.execute(
+            delete(instances_t).where(
+                instances_t.c.backend_id == backend_id,
+                instances_t.c.name == request.instance,
+                instances_t.c.status == "BUILD",
+                instances_t.c.create_job_id.is_(None),
+            )
+        )
+    conn.execute(
+        update(requests_t)
+        .where(requests_t.c.id == request_id)
+        .values(backend_id=None, error=error, updated_at=datetime.now(UTC))
+    )
+    return must_get(conn, request_id)
+
+
+def mark_submitted(conn: Connection, request_id: str, job_id: int) -> None:
+    now = datetime.now(UTC)
+    conn.execute(
+        update(requests_t)
+        .where(requests_t.c.id == request_id, requests_t.c.status == RequestStatus.PENDING.value)
+        .values(
+            status=RequestStatus.SUBMITTED.value,
+            job_id=job_id,
+            error=None,
+            submitted_at=now,
+            updated_at=now,
+            claimed_by=None,
+        )
+    )
+
+
+def request_cancel(conn: Connection, request_id: str) -> tuple[Request, bool]:
+    """Cancel what can be canceled in the database. Returns (request, done):
+
+    * pending and not held by a dispatcher: canceled now (done);
+    * pending and held: ``cancel_requested`` set, the dispatcher honours it (not done);
+    * submitted: nothing here; the caller cancels the job through RAPI (not done);
+    * final: as it is (done).
+    """
+    request = must_get(conn, request_id)
+    if request.is_final:
+        return request, True
+    if request.status is RequestStatus.PENDING and request.claimed_by is None:
+        return finish(
+            conn, request_id, RequestStatus.CANCELED, error="canceled before it was submitted"
+        ), True
+    conn.execute(
+        update(requests_t)
+        .where(requests_t.c.id == request_id)
+        .values(cancel_requested=True, updated_at=datetime.now(UTC))
+    )
+    return must_get(conn, request_id), False
+
+
+def settle_requests(
+    conn: Connection, backend_id: int, finals: Iterable[tuple[int, JobSummary]], now: datetime
+) -> int:
+    """The create jobs in ``finals`` ended: their submitted requests end with them."""
+    by_job = dict(finals)
+    if not by_job:
+        return 0
+    rows = conn.execute(
+        select(requests_t.c.id, requests_t.c.job_id).where(
+            requests_t.c.backend_id == backend_id,
+            requests_t.c.job_id.in_(list(by_job)),
+            requests_t.c.status == RequestStatus.SUBMITTED.value,
+        )
+    ).all()
+    for row in rows:
+        summary = by_job[row.job_id]
+        status, error = _outcome(summary)
+        conn.execute(
+            update(requests_t)
+            .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
+            .values(status=status.value, error=error, finished_at=now, updated_at=now)
+        )
+    return len(rows)
+
+
+def settle_by_instance(conn: Connection, backend_id: int, job_id: int, instance_status: str) -> None:
+    """The reconciler settled a BUILD instance without the job's end: the request follows."""
+    if instance_status in ("STARTED", "STOPPED"):
+        status, error = RequestStatus.SUCCEEDED, None
+    elif instance_status in ("ERROR", "DESTROYED"):
+        status, error = RequestStatus.FAILED, f"the reconciler found the instance {instance_status}"
+    else:
+        return
+    now = datetime.now(UTC)
+    conn.execute(
+        update(requests_t)
+        .where(
+            requests_t.c.backend_id == backend_id,
+            requests_t.c.job_id == job_id,
+            requests_t.c.status == RequestStatus.SUBMITTED.value,
+        )
+        .values(status=status.value, error=error, finished_at=now, updated_at=now)
+    )
+
+
+def _outcome(summary: JobSummary) -> tuple[RequestStatus, str | None]:
+    status = summary.status
+    if status is JobStatus.SUCCESS:
+        return RequestStatus.SUCCEEDED, None
+    if status is JobStatus.CANCELED:
+        return RequestStatus.CANCELED, f"job {summary.job_id} was canceled"
+    errors = [op.error for op in summary.ops if op.error]
+    return RequestStatus.FAILED, errors[0] if errors else f"job {summary.job_id} ended in {status.value}"
+
+
+def list_requests(
+    conn: Connection,
+    *,
+    statuses: Sequence[RequestStatus] | None = None,
+    backend_id: int | None = None,
+    limit: int | None = None,
+    newest_first: bool = True,
+) -> list[Request]:
+    query = select_requests()
+    if statuses:
+        query = query.where(requests_t.c.status.in_([s.value for s in statuses]))
+    if backend_id is not None:
+        query = query.where(requests_t.c.backend_id == backend_id)
+    order = (
+        (requests_t.c.created_at.desc(), requests_t.c.id.desc())
+        if newest_first
+        else (
+            requests_t.c.created_at,
+            requests_t.c.id,
+        )
+    )
+    query = query.order_by(*order)
+    if limit is not None:
+        query = query.limit(limit)
+    return [Request.from_row(row) for row in conn.execute(query)]
+
+
+def counts(conn: Connection) -> dict[tuple[str | None, str], int]:
+    """(backend name or None, status) -> how many requests."""
+    rows = conn.execute(
+        select(backends_t.c.name, requests_t.c.status, func.count())
+        .select_from(requests_t)
+        .outerjoin(backends_t, backends_t.c.id == requests_t.c.backend_id)
+        .group_by(backends_t.c.name, requests_t.c.status)
+    )
+    return {(row[0], row[1]): int(row[2]) for row in rows}
+
+
+def add_backend_event(conn: Connection, backend_id: int, kind: str, message: str) -> None:
+    conn.execute(
+        insert(backend_events_t).values(
+            backend_id=backend_id, kind=kind, message=message, at=datetime.now(UTC)
+        )
+    )
+
+
+def set_health(conn: Connection, backend_id: int, up: bool, detail: str | None, *, event: str | None) -> None:
+    now = datetime.now(UTC)
+    conn.execute(
+        update(backends_t)
+        .where(backends_t.c.id == backend_id)
+        .values(health="up" if up else "down", health_at=now, health_detail=detail)
+    )
+    if event is not None:
+        add_backend_event(conn, backend_id, "up" if up else "down", event)
