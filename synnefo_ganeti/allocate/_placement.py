@@ -377,11 +377,22 @@ class Allocator:
                 out[name] = reason
         return out
 
-    def place(self, spec: InstanceSpec | Requirement, *, now: float | None = None) -> Reservation:
-        """Choose a backend for ``spec`` and reserve its requirement there."""
+    def place(
+        self, spec: InstanceSpec | Requirement, *, now: float | None = None, only: str | None = None
+    ) -> Reservation:
+        """Choose a backend for ``spec`` and reserve its requirement there.
+
+        ``only``: the request names its backend; it is reserved there if that backend
+        is eligible, else :class:`NoCapacityError` says why not.
+        """
         now = time.monotonic() if now is None else now
         req = self._requirement(spec)
         ranked = self._ranked(req, now)
+        if only is not None:
+            ranked = [item for item in ranked if item[0].view.name == only]
+            if not ranked:
+                reason = self.rejected(req, now=now).get(only, "not a known backend")
+                raise NoCapacityError(req, {only: reason})
         if not ranked:
             raise NoCapacityError(req, self.rejected(req, now=now))
         backend = ranked[0][0]

@@ -615,6 +615,7 @@ class Dispatcher(BackendResources):
             await self._fail(request, f"{name} refused the create: {exc}", placed=True)
             return None
         self._jobs[(name, job_id)] = reservation
+        self.allocator.submitted(reservation)
         await self.store.submitted_request(request.id, job_id, start=spec.start)
         self.stats.submitted += 1
         metrics.SUBMISSIONS.labels(name, "ok").inc()
@@ -625,17 +626,11 @@ class Dispatcher(BackendResources):
         return None
 
     def _reserve(self, request: Request, spec: InstanceSpec) -> Reservation:
-        if request.want_backend is None:
-            return self.allocator.place(spec)
         wanted = request.want_backend
-        if wanted not in self._backends:
+        if wanted is not None and wanted not in self._backends:
             raise NoCapacityError(
-                _requirement(spec), {wanted: "not a backend of this dispatcher's configuration"}
+                Requirement.of(spec), {wanted: "not a backend of this dispatcher's configuration"}
             )
-        candidates = dict(self.allocator.candidates(spec))
-        if wanted not in candidates:
-            reasons = self.allocator.rejected(spec)
-            raise NoCapacityError(_requirement(spec), {wanted: reasons.get(wanted, "not eligible")})
         return self.allocator.place(spec, only=wanted)
 
     async def _recover(self, request: Request) -> bool:
@@ -802,10 +797,6 @@ class Dispatcher(BackendResources):
 
 def _replace(view: BackendView, **changes: Any) -> BackendView:
     return dataclasses.replace(view, **changes)
-
-
-def _requirement(spec: InstanceSpec) -> Requirement:
-    return Requirement.of(spec)
 
 
 _REQUEST_END = {JobStatus.SUCCESS: "succeeded", JobStatus.ERROR: "failed", JobStatus.CANCELED: "canceled"}
