@@ -64,7 +64,7 @@ from synnefo_ganeti.errors import (
 from synnefo_ganeti.health import HealthChange, HealthMonitor
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import REASON_PREFIX, InstanceSpec, RapiClient, is_unsent
-from synnefo_ganeti.reconcile import Fix, Reconciler
+from synnefo_ganeti.reconcile import Fix, Reconciler, Report
 from synnefo_ganeti.reconcile._observe import expectation
 from synnefo_ganeti.store import (
     CommitInfo,
@@ -750,8 +750,9 @@ class Dispatcher(BackendResources):
             await asyncio.sleep(self.settings.reconcile.interval)
             await self.reconcile_once()
 
-    async def reconcile_once(self) -> None:
-        """One reconcile pass over the backends no other dispatcher is reconciling now."""
+    async def reconcile_once(self) -> Report | None:
+        """One reconcile pass over the backends no other dispatcher is reconciling now
+        (None when there were none, or the pass failed)."""
         assert self._lock is not None
         mine = []
         for name in list(self._backends):
@@ -761,7 +762,8 @@ class Dispatcher(BackendResources):
             except GanetiError as exc:
                 log.warning("reconcile: %s", exc)
         if not mine:
-            return
+            return None
+        report: Report | None = None
         try:
             reconciler = Reconciler(self.settings, store=self.store, clients=dict(self._clients))
             async with reconciler:
@@ -775,6 +777,7 @@ class Dispatcher(BackendResources):
             for name in mine:
                 with contextlib.suppress(GanetiError):
                     await self._lock.done_reconciling(name)
+        return report
 
     # -- metrics and watchdog --------------------------------------------------------------------
 
