@@ -62,41 +62,52 @@ async def test_fake_ganeti_reports_a_busy_port() -> None:
     assert result.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in result.output
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)
 async def test_demo_end_to_end_json() -> None:
+    """Three fake clusters, the dispatcher, durable requests, an outage and a drift: every promise kept."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "synnefo_ganeti", "demo", "--count", "30", "--latency", "0.05", "--json",
+        sys.executable, "-m", "synnefo_ganeti", "demo", "--count", "40", "--speed", "4", "--json",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=os.environ | {"COLUMNS": "120"},
     )  # fmt: skip
     out, err = await process.communicate()
     assert process.returncode == 0, err.decode()
     report = json.loads(out)
-    assert report["instances"] == report["submitted"] == report["succeeded"] == 30
-    assert report["failed"] == 0 and report["failures"] == {}
-    assert report["submitted_per_s"] > 0 and report["wall_seconds"] > report["submit_seconds"]
-    # the watcher stored every job's final status from the fake's queue directory
-    assert report["stored_jobs"] == report["stored_final_matching"] == 30
-    assert report["stored_events"] >= 30 * 6  # per create: queued, waiting, running, logs, success
+    assert report["requests"] == report["succeeded"] == 40
+    assert report["failed"] == report["canceled"] == 0
+    # counted from the fake clusters' own state, not from the dispatcher's bookkeeping
+    assert report["instances_in_ganeti"] == 40 and report["duplicates"] == 0 and report["lost"] == 0
+    assert set(report["per_backend"]) <= {"small", "medium", "large"}
+    assert sum(sum(counts.values()) for counts in report["per_backend"].values()) == 40
+    # the outage: seen by the health checks, stored as backend events, nothing placed there meanwhile
+    assert report["backend_down_seen"] and report["backend_up_again_seen"]
+    assert report["placed_on_down_backend"] == 0
+    assert any(line.startswith("small down:") for line in report["backend_events"])
+    assert any(line.startswith("small up:") for line in report["backend_events"])
+    # the drift injected at the end was found and repaired by the reconciler
+    assert report["drift_repaired"] and "operstate" in report["drift"]
+    # every create job's final status is in the database (watcher for small/large, /wait for medium)
+    assert report["stored_final_matching"] == 40
+    assert report["stored_events"] >= 40 * 3
 
 
-@pytest.mark.timeout(120)
-def test_demo_table_and_progress() -> None:
-    result = CliRunner().invoke(main, ["demo", "--count", "10", "--latency", "0.01"])
+@pytest.mark.timeout(150)
+def test_demo_table_and_summary() -> None:
+    result = CliRunner().invoke(main, ["demo", "--count", "20", "--speed", "4"])
     assert result.exit_code == 0, result.output
-    assert "submitted per second" in result.output and "10 of 10" in result.output
-    assert "final status stored by the watcher" in result.output
+    assert "demo summary" in result.output and "duplicates (created twice)" in result.output
+    assert "drift: demo-" in result.output and "backend event: small down" in result.output
 
 
 def test_demo_names_the_failing_step(monkeypatch) -> None:
-    from synnefo_ganeti.cli import _fake
+    from synnefo_ganeti.cli import _demo
 
     async def broken(self) -> int:
         from synnefo_ganeti import RapiConnectionError
 
         raise RapiConnectionError("https://x: cannot connect", url="https://x")
 
-    monkeypatch.setattr(_fake.RapiClient, "version", broken)
-    result = CliRunner().invoke(main, ["demo", "--count", "2"])
+    monkeypatch.setattr(_demo.RapiClient, "version", broken)
+    result = CliRunner().invoke(main, ["demo", "--count", "10"])
     assert result.exit_code == 1
     assert "demo step 'connect' failed" in result.output and "cannot connect" in result.output
 
