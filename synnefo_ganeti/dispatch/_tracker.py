@@ -125,6 +125,7 @@ class JobTracker:
                 "%s: following job %d failed (%s); again in %g s", self.backend, job_id, exc, self.retry_delay
             )
             await asyncio.sleep(self.retry_delay)
+            self._active.discard(job_id)  # else track() takes it for followed already and drops it
             self.track(job_id)
             return
         await self.store.put(JobVersion(self.backend, job_file(job)))
