@@ -73,6 +73,7 @@ from synnefo_ganeti.store import (
     RequestNotHeldError,
     RequestStatus,
     Store,
+    is_capacity_error,
     request_tag,
 )
 from synnefo_ganeti.watch import QueueWatcher
@@ -97,6 +98,7 @@ class DispatcherStats:
     failed: int = 0
     canceled: int = 0
     placement_retries: int = 0
+    capacity_retries: int = 0  # creates that failed for lack of room, placed again
     reconcile_passes: int = 0
     started_at: float = field(default_factory=time.time)
 
@@ -729,7 +731,11 @@ class Dispatcher(BackendResources):
                 continue
             ended = True
             ok = summary.status is JobStatus.SUCCESS
-            metrics.REQUESTS.labels(_REQUEST_END.get(summary.status, "failed")).inc()
+            error = next((op.error for op in summary.ops if op.error), None)
+            if not ok and is_capacity_error(error):
+                self.stats.capacity_retries += 1  # the store put the request back to be placed again
+            else:
+                metrics.REQUESTS.labels(_REQUEST_END.get(summary.status, "failed")).inc()
             seconds = None
             if summary.end_time is not None and summary.received_time is not None:
                 seconds = max(0.0, summary.end_time - summary.received_time)

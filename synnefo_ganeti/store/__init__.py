@@ -18,6 +18,7 @@ from synnefo_ganeti.store._requests import (
     Request,
     RequestNotHeldError,
     RequestStatus,
+    is_capacity_error,
     new_request_id,
     request_tag,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "display_url",
     "head_revision",
     "instance_status_after",
+    "is_capacity_error",
     "new_request_id",
     "normalize_url",
     "request_tag",

@@ -34,10 +34,12 @@ from synnefo_ganeti.jobs import JobStatus, JobSummary
 from synnefo_ganeti.store._schema import Backend, BackendEvent, CreateRequest, Instance, InstanceJob
 
 __all__ = [
+    "MAX_ATTEMPTS",
     "Request",
     "RequestNotHeldError",
     "RequestStatus",
     "backend_events_t",
+    "is_capacity_error",
     "new_request_id",
     "request_tag",
     "requests_t",
@@ -408,7 +410,7 @@ def settle_requests(
     if not by_job:
         return 0
     rows = conn.execute(
-        select(requests_t.c.id, requests_t.c.job_id).where(
+        select(requests_t.c.id, requests_t.c.job_id, requests_t.c.attempts).where(
             requests_t.c.backend_id == backend_id,
             requests_t.c.job_id.in_(list(by_job)),
             requests_t.c.status == RequestStatus.SUBMITTED.value,
@@ -417,6 +419,24 @@ def settle_requests(
     for row in rows:
         summary = by_job[row.job_id]
         status, error = _outcome(summary)
+        if status is RequestStatus.FAILED and is_capacity_error(error) and row.attempts < MAX_ATTEMPTS:
+            # The backend had no room after all (its node stats were older than the
+            # creates that filled it): the request goes back to be placed again.
+            conn.execute(
+                update(requests_t)
+                .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
+                .values(
+                    status=RequestStatus.PENDING.value,
+                    backend_id=None,
+                    job_id=None,
+                    claimed_by=None,
+                    claimed_at=None,
+                    submitted_at=None,
+                    error=f"job {row.job_id} found no room ({error}); placing it again",
+                    updated_at=now,
+                )
+            )
+            continue
         conn.execute(
             update(requests_t)
             .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
@@ -443,6 +463,25 @@ def settle_by_instance(conn: Connection, backend_id: int, job_id: int, instance_
         )
         .values(status=status.value, error=error, finished_at=now, updated_at=now)
     )
+
+
+#: placements of one request at most: a create that fails for lack of room is placed again
+#: (elsewhere if need be) until this many attempts were made
+MAX_ATTEMPTS = 5
+
+_CAPACITY_ERRORS = (
+    "not enough memory",
+    "not enough disk",
+    "insufficient_resources",
+    "insufficient resources",
+    "no valid allocation",
+)
+
+
+def is_capacity_error(message: str | None) -> bool:
+    """Whether a failed create's message says the backend had no room (Ganeti's ECODE_NORES)."""
+    text = (message or "").lower()
+    return any(marker in text for marker in _CAPACITY_ERRORS)
 
 
 def _outcome(summary: JobSummary) -> tuple[RequestStatus, str | None]:
