@@ -1268,15 +1268,18 @@ class Store:
         backend_id = await self.ensure_backend(backend)
 
         def run(conn: Connection) -> Request:
+            placed_before = _requests.must_get(conn, request_id).backend == backend
             request = _requests.place(conn, request_id, dispatcher, backend_id)
             existing = conn.execute(
                 select(instances_t.c.status, instances_t.c.create_job_id).where(
                     instances_t.c.backend_id == backend_id, instances_t.c.name == request.instance
                 )
             ).first()
-            # a retry of this request's own earlier attempt finds its BUILD row: keep it
+            # a retry of this request's own earlier attempt finds its BUILD row: keep it; a BUILD
+            # row of anyone else's (another request, a create of the facade's) is refused
             if (
-                existing is None
+                not placed_before
+                or existing is None
                 or existing.status != InstanceStatus.BUILD
                 or existing.create_job_id is not None
             ):
