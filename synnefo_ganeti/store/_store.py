@@ -1337,7 +1337,8 @@ class Store:
 
         def run(conn: Connection) -> Request:
             request = _requests.must_get(conn, request_id)
-            if request.backend is not None and instance_status is not None:
+            # a final request's name may have started a new life on its backend: leave that alone
+            if request.backend is not None and instance_status is not None and not request.is_final:
                 backend_id = conn.execute(
                     select(backends_t.c.id).where(backends_t.c.name == request.backend)
                 ).scalar_one()
