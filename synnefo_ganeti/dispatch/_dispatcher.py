@@ -210,7 +210,7 @@ class Dispatcher(BackendResources):
             )
             await self.status.start()
         await self._refresh_stats(list(self._backends))
-        self._loops = [
+        self._loops += [  # the health loop is in already (_start_health)
             asyncio.create_task(self._submit_loop(), name="dispatch submitter"),
             asyncio.create_task(self._stats_loop(), name="dispatch node stats"),
             asyncio.create_task(self._reconcile_loop(), name="dispatch reconciler"),
@@ -356,8 +356,13 @@ class Dispatcher(BackendResources):
                     await self._remove_backend(name)
                     await self._add_backend(backend)
                     changes.append(f"changed {name}")
-                elif before.drained != backend.drained:
-                    changes.append(f"{'drained' if backend.drained else 'undrained'} {name}")
+                else:
+                    entry = self._backends.get(name)
+                    if entry is not None:  # the node-stats refreshes read ``drained`` from here
+                        entry.settings = backend
+                        self.allocator.update(_replace(self.allocator.view(name), drained=backend.drained))
+                    if before.drained != backend.drained:
+                        changes.append(f"{'drained' if backend.drained else 'undrained'} {name}")
             await self._start_health()
             await self._refresh_stats(list(self._backends))
             log.warning("configuration reloaded: %s", "; ".join(changes) or "no backend changed")
