@@ -17,7 +17,12 @@ are started (128 MiB each, ``start=True``), so S holds 48 of them, M 224 and L 9
 With ``--no-start`` they are created stopped: a stopped instance takes no node memory
 (in the fake as in Ganeti), so only the node locks bound the makespan.
 
-The driver does what the dispatcher will do, compactly: a pool of submitters
+``--driver dispatcher`` (the default) measures the product: durable requests written
+through ``ControlPlane.request_instance`` and a real ``Dispatcher`` (credits or
+round-robin, queue watchers on the fakes' queue folders, a scratch SQLite file); a
+create that fails for lack of room is put back by the store and placed again.
+
+``--driver direct`` measures the placement policy alone with a compact driver: a pool of submitters
 (``SUBMITTERS`` per backend) takes the next request, ``Allocator.place``s it and sends
 ``create_instance(spec, request_id=...)``, then ``Allocator.submitted``; ``TRACKERS`` per backend follow the jobs
 (oldest first) with ``wait_for_job``, then ``Allocator.finished(reservation,
@@ -95,7 +100,9 @@ async def fake_child(args: argparse.Namespace) -> None:
         op_times={"OP_INSTANCE_CREATE": args.create_seconds}, max_running_jobs=MAX_RUNNING_JOBS,
     )  # fmt: skip
     async with fake:
-        world = {"url": fake.url, "username": fake.username, "password": fake.password}
+        world = {
+            "url": fake.url, "username": fake.username, "password": fake.password, "queue_dir": str(fake.queue_dir),
+        }  # fmt: skip
         sys.stdout.buffer.write(orjson.dumps(world) + b"\n")
         sys.stdout.flush()
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
@@ -314,6 +321,93 @@ async def drive(strategy: str, fakes: Fakes, args: argparse.Namespace) -> dict[s
         return await run(strategy, alloc, backends, args)
 
 
+async def drive_dispatcher(strategy: str, fakes: Fakes, args: argparse.Namespace) -> dict[str, Any]:
+    """The product itself: durable requests through ``ControlPlane.request_instance``, placed,
+    submitted and followed (queue watchers on the fakes' queue folders) by a real
+    :class:`~synnefo_ganeti.dispatch.Dispatcher` on a scratch SQLite file. A create that fails
+    for lack of room is put back by the store and placed again by the same policy."""
+    import tempfile
+
+    from synnefo_ganeti.config import Settings
+    from synnefo_ganeti.control import ControlPlane
+    from synnefo_ganeti.dispatch import Dispatcher
+    from synnefo_ganeti.rapi import InstanceSpec, RapiClient
+    from synnefo_ganeti.store import RequestStatus, Store
+
+    with tempfile.TemporaryDirectory(prefix="sg-placement-") as scratch:
+        settings = Settings(
+            database={"url": f"sqlite:///{scratch}/placement.db"},
+            backends=[
+                {"name": name, "url": world["url"], "username": world["username"],
+                 "password": world["password"], "queue_dir": world["queue_dir"]}
+                for name, world in fakes.worlds.items()
+            ],
+            dispatcher={
+                "strategy": strategy, "status_port": None, "stats_interval": REFRESH_INTERVAL,
+                "submit_concurrency": SUBMITTERS, "poll_interval": 0.05, "claim_batch": 100,
+                "health_interval": 5.0,
+            },
+            reconcile={"interval": 3600},
+        )  # fmt: skip
+        async with AsyncExitStack() as stack:
+            store = await stack.enter_async_context(Store(settings.database.url))
+            cp = await stack.enter_async_context(ControlPlane(settings, store=store))
+            dispatcher = Dispatcher(settings, store=store, status_server=False)
+            running = asyncio.create_task(dispatcher.run())
+            await asyncio.wait_for(dispatcher.ready.wait(), 60)
+            rooms = {
+                name: [
+                    (node.mfree or 0) // MEMORY if args.start else args.requests
+                    for node in dispatcher.allocator.view(name).usable_nodes
+                ]
+                for name in fakes.worlds
+            }
+            tag = "c" if strategy == "credits" else "r"
+            requests = []
+            progress(f"{strategy} (dispatcher): {args.requests} durable requests")
+            started_wall = time.time()
+            started = time.perf_counter()
+            for i in range(args.requests):
+                spec = InstanceSpec(
+                    name=f"pl-{tag}-{i:05d}.fake.test", disk_template="diskless", os="noop",
+                    beparams={"memory": MEMORY}, start=args.start,
+                )  # fmt: skip
+                request_id = await cp.request_instance(spec)
+                dispatcher.wake()
+                requests.append(Request(index=i, spec=spec, request_id=request_id))
+            written = time.perf_counter() - started
+            while True:
+                counts = await store.request_counts()
+                ended = sum(n for (_, status), n in counts.items() if RequestStatus(status).is_final)
+                if ended >= args.requests or time.perf_counter() - started > DEADLINE:
+                    break
+                await asyncio.sleep(0.05)
+            seen = time.perf_counter() - started
+            statuses = Counter(status for (_, status), n in counts.items() for _ in range(n))
+            learned = {name: round(dispatcher.allocator.create_seconds(name), 3) for name in fakes.worlds}
+            stats = dispatcher.stats.to_json()
+            dispatcher.stop()
+            await running
+            backends = {}
+            for name, world in fakes.worlds.items():
+                client = RapiClient(world["url"], username=world["username"], password=world["password"])
+                backends[name] = Backend(name=name, client=await stack.enter_async_context(client))
+            progress(
+                f"{strategy} (dispatcher): all ended after {seen:.2f} s ({dict(statuses)}); reading the fakes"
+            )
+            state = await final_state(backends, requests, started_wall)
+    return state | {
+        "rooms": rooms,
+        "seen_s": seen,
+        "requests_written_s": written,
+        "request_statuses": dict(statuses),
+        "capacity_failures_seen": stats["capacity_retries"],
+        "other_failures": stats["failed"],
+        "submit_errors": stats["placement_retries"],
+        "learned_create_s": learned,
+    }
+
+
 async def run(
     strategy: str, alloc: Any, backends: dict[str, Backend], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -451,7 +545,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             await fakes.start()
         for fakes in runs.values():
             await fakes.ready()
-        results = {strategy: await drive(strategy, fakes, args) for strategy, fakes in runs.items()}
+        driver = drive_dispatcher if args.driver == "dispatcher" else drive
+        results = {strategy: await driver(strategy, fakes, args) for strategy, fakes in runs.items()}
     finally:
         for fakes in runs.values():
             await fakes.stop()
@@ -461,6 +556,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     bound = args.requests * create / nodes
     bound_capacity = water_fill(credit["rooms"], args.requests, create)
     scenario = {
+        "driver": args.driver,
         "create_s": create,
         "memory_mib": MEMORY,
         "start": args.start,
@@ -525,6 +621,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-start", dest="start", action="store_false",
         help="create stopped instances (they take no node memory: the memory caps vanish)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--driver", choices=("dispatcher", "direct"), default="dispatcher",
+        help="dispatcher: durable requests through the real Dispatcher (default); "
+        "direct: the compact in-benchmark driver (the Allocator and RapiClient alone)",
     )  # fmt: skip
     parser.add_argument("--fake-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--nodes", type=int, default=1, help=argparse.SUPPRESS)

@@ -19,11 +19,12 @@ FIELDS = {
 
 
 @pytest.mark.timeout(90)
-async def test_placement_benchmark_creates_every_instance_once() -> None:
+@pytest.mark.parametrize("driver", ["dispatcher", "direct"])
+async def test_placement_benchmark_creates_every_instance_once(driver: str) -> None:
     # A tenth of the room per node (S 4, M 20, L 96 instances), a quarter of the times.
     process = await asyncio.create_subprocess_exec(
         sys.executable, "benchmarks/placement.py", "--requests", "60", "--time-scale", "0.25",
-        "--capacity-scale", "0.1", "--json-only",
+        "--capacity-scale", "0.1", "--json-only", "--driver", driver,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
     )  # fmt: skip
     out, err = await process.communicate()
@@ -45,6 +46,7 @@ async def test_placement_benchmark_creates_every_instance_once() -> None:
     assert {name: b["capacity"] for name, b in backends.items()} == {"S": 4, "M": 20, "L": 96}
     assert {name: b["nodes"] for name, b in backends.items()} == {"S": 2, "M": 4, "L": 8}
     assert figures["scenario"]["create_s"] == 0.05 and figures["scenario"]["start"] is True
+    assert figures["scenario"]["driver"] == driver
     # the bound (60 creates over 14 nodes at 0.05 s) and the water-filled one:
     # 60 fit with at most 5 creates per node (S 2 x 2, M 4 x 5, L 8 x 5), so 0.25 s
     assert figures["bound_s"] == pytest.approx(60 * 0.05 / 14, abs=1e-3)
