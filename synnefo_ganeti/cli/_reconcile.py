@@ -1,9 +1,10 @@
-"""``synnefo-ganeti reconcile`` and ``synnefo-ganeti backends list``: the configured backends."""
+"""``synnefo-ganeti reconcile`` and ``synnefo-ganeti backends list|events|drain|undrain``: the backends."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,9 @@ async def _backend_row(settings: Settings, backend: BackendSettings) -> dict[str
         "nodes": None,
         "instances": None,
         "seconds": None,
+        "health": "unknown",
+        "health_at": None,
+        "health_detail": None,
     }
     started = time.monotonic()
     try:
@@ -192,13 +196,20 @@ def backends_list(config_file: Path, as_json: bool) -> None:
 
     async def run() -> list[dict[str, Any]]:
         rows = list(await asyncio.gather(*(_backend_row(settings, b) for b in settings.backends)))
-        try:  # drained by an operator (backends drain), when the database can tell
+        try:  # drained by an operator, health as the dispatcher saw it: when the database can tell
             async with Store(_existing(settings.database.url), create=False) as store:
-                drained = await store.drained_backends()
+                states = await store.backend_states()
         except GanetiError:
-            drained = set()
+            states = {}
         for row in rows:
-            row["drained"] = row["drained"] or row["name"] in drained
+            state = states.get(row["name"], {})
+            row["drained"] = row["drained"] or bool(state.get("drained"))
+            health_at = state.get("health_at")
+            row.update(
+                health=state.get("health") or "unknown",
+                health_at=health_at.isoformat() if health_at is not None else None,
+                health_detail=state.get("health_detail"),
+            )
         return rows
 
     rows = _run(run())
@@ -206,21 +217,62 @@ def backends_list(config_file: Path, as_json: bool) -> None:
         _print_json({"backends": rows})
     else:
         table = Table(
-            "backend", "reachable", "version", "cluster", "mem free MiB", "disk free MiB", "instances"
-        )
+            "backend", "reachable", "version", "cluster", "mem free MiB", "disk free MiB", "instances",
+            "health (dispatcher)",
+        )  # fmt: skip
         for row in rows:
+            health = _health_text(row)
             if row["ok"]:
                 version = f"{row['software_version']} (RAPI {row['version']})"
                 name = row["name"] + (" (drained)" if row["drained"] else "")
                 table.add_row(
                     name, "yes", version, str(row["cluster"]), str(row["free_memory"]), str(row["free_disk"]),
-                    str(row["instances"]),
+                    str(row["instances"]), health,
                 )  # fmt: skip
             else:
-                table.add_row(row["name"], f"no: {row['error']}", "", "", "", "", "")
+                table.add_row(row["name"], f"no: {row['error']}", "", "", "", "", "", health)
         _stdout().print(table)
     if not all(row["ok"] for row in rows):
         raise SystemExit(1)
+
+
+def _health_text(row: dict[str, Any]) -> str:
+    """``up (checked WHEN)``, ``down: WHY (checked WHEN)`` or ``unknown`` (no dispatcher stored it)."""
+    health = str(row["health"])
+    if health == "unknown" or row["health_at"] is None:
+        return "unknown"
+    at = datetime.fromisoformat(row["health_at"]).strftime("%Y-%m-%d %H:%M:%S")
+    detail = f": {row['health_detail']}" if row["health_detail"] and health != "up" else ""
+    return f"{health}{detail} (checked {at})"
+
+
+@backends.command("events")
+@config_option
+@click.option("--backend", metavar="NAME", help="Only this backend's events.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most N events.")
+@json_option
+def backends_events(config_file: Path, backend: str | None, limit: int, as_json: bool) -> None:
+    """What happened to the backends, newest first: health changes the dispatcher stored."""
+    settings = _settings(config_file)
+
+    async def read() -> list[dict[str, Any]]:
+        async with Store(_existing(settings.database.url), create=False) as store:
+            return await store.backend_events(backend=backend, limit=limit)
+
+    events = [
+        {**event, "at": event["at"].isoformat() if event["at"] is not None else None}
+        for event in _run(read())
+    ]
+    if as_json:
+        _print_json(events)
+        return
+    table = Table("when", "backend", "kind", "message")
+    for event in events:
+        at = datetime.fromisoformat(event["at"]).strftime("%Y-%m-%d %H:%M:%S") if event["at"] else ""
+        table.add_row(at, event["backend"], event["kind"], event["message"])
+    _stdout().print(table)
+    if not events:
+        stderr.print("no backend events stored" + (f" for backend {backend}" if backend else ""))
 
 
 def _drain(config_file: Path, name: str, drained: bool, as_json: bool) -> None:
