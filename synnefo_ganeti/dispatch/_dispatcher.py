@@ -542,13 +542,13 @@ class Dispatcher(BackendResources):
                 if fresh is None or fresh.is_final or fresh.claimed_by != self.id:
                     return
                 request = fresh
+                if request.placed:  # before a cancel: the create may be in Ganeti already
+                    if await self._recover(request):
+                        return
+                    continue  # Ganeti has nothing of it: place it again (or cancel it)
                 if request.cancel_requested:
                     await self._cancel(request)
                     return
-                if request.placed:
-                    if await self._recover(request):
-                        return
-                    continue  # Ganeti has nothing of it: place it again
                 outcome = await self._place_and_submit(request)
                 if outcome is None:
                     return
