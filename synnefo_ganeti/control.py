@@ -37,6 +37,7 @@ from synnefo_ganeti.errors import (
     RequestTimeoutError,
     StoreError,
 )
+from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import InstanceSpec, RapiClient
 from synnefo_ganeti.reconcile._observe import expectation, expected_beparams
 from synnefo_ganeti.store import (
@@ -156,7 +157,7 @@ class ControlPlane(BackendResources):
             job = await client.wait_for_job(job_id, timeout=timeout)
         except JobNotFoundError:
             job = None
-        if canceled.success or (job is not None and job.status.value != "success"):
+        if canceled.success or (job is not None and job.status is not JobStatus.SUCCESS):
             log.info(
                 "delete of %s on %s: its create job %d %s",
                 name,
@@ -164,7 +165,12 @@ class ControlPlane(BackendResources):
                 job_id,
                 "was canceled" if canceled.success else "failed",
             )
-            await self.store.update_instance(backend, name, status=InstanceStatus.DESTROYED)
+            # in one transaction with marking the create's end applied: the watcher storing
+            # that end later must not turn the instance ERROR (nor its request failed)
+            result = job.status if job is not None and job.is_final else JobStatus.CANCELED
+            failure = job.failure if job is not None else None
+            error = None if failure is None else f"{failure.type}: {failure.message}"
+            await self.store.destroy_unbuilt(backend, name, job_id, result, error=error)
             return job_id
         return None
 

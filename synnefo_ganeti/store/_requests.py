@@ -453,6 +453,13 @@ def settle_by_instance(conn: Connection, backend_id: int, job_id: int, instance_
         status, error = RequestStatus.FAILED, f"the reconciler found the instance {instance_status}"
     else:
         return
+    settle_job(conn, backend_id, job_id, status, error)
+
+
+def settle_job(
+    conn: Connection, backend_id: int, job_id: int, status: RequestStatus, error: str | None
+) -> None:
+    """End the submitted request of create job ``job_id`` as ``status`` (a final one)."""
     now = datetime.now(UTC)
     conn.execute(
         update(requests_t)

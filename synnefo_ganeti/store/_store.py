@@ -1356,6 +1356,43 @@ class Store:
 
         return await self.call(run)
 
+    async def destroy_unbuilt(
+        self, backend: str, name: str, job_id: int, result: JobStatus, *, error: str | None = None
+    ) -> StoredInstance:
+        """The create ``job_id`` of BUILD instance ``name`` ended ``result`` (canceled by a delete,
+        or failed): the instance never exists. In one transaction it becomes DESTROYED, the
+        create's end counts as applied (stored later, it moves nothing) and its request ends
+        (canceled, or failed with ``error``)."""
+        if result is JobStatus.SUCCESS or not result.is_final:
+            raise ValueError(f"only a create that ended without success leaves nothing built, not {result}")
+        backend_id = await self.ensure_backend(backend)
+        if result is JobStatus.CANCELED:
+            status, why = RequestStatus.CANCELED, f"job {job_id} was canceled"
+        else:
+            status, why = RequestStatus.FAILED, error or f"job {job_id} ended in {result.value}"
+
+        def run(conn: Connection) -> StoredInstance:
+            instance = _instance(conn, backend_id, backend, name)
+            now = datetime.now(UTC)
+            conn.execute(
+                update(instances_t)
+                .where(instances_t.c.id == instance.id)
+                .values(status=InstanceStatus.DESTROYED.value, updated_at=now)
+            )
+            conn.execute(
+                update(instance_jobs_t)
+                .where(
+                    instance_jobs_t.c.backend_id == backend_id,
+                    instance_jobs_t.c.job_id == job_id,
+                    instance_jobs_t.c.applied_at.is_(None),
+                )
+                .values(applied_at=now, result=result.value)
+            )
+            _requests.settle_job(conn, backend_id, job_id, status, why)
+            return _instance(conn, backend_id, backend, name)
+
+        return await self.call(run)
+
     async def cancel_request(self, request_id: str) -> tuple[Request, bool]:
         """Cancel in the database what can be (see :func:`_requests.request_cancel`)."""
         return await self.call(lambda conn: _requests.request_cancel(conn, request_id))
