@@ -158,6 +158,10 @@ class Dispatcher(BackendResources):
         self._jobs: dict[tuple[str, int], Reservation] = {}
         self._loops: list[asyncio.Task[Any]] = []
         self._reload_lock = asyncio.Lock()
+        # backend -> (when, the listing of its jobs by reason) for crash recovery
+        self._job_listings: dict[str, tuple[float, asyncio.Future[dict[str, int]]]] = {}
+        # request id -> since when its create's fate is unknown (Ganeti is asked about it)
+        self._check_since: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return (
@@ -519,6 +523,7 @@ class Dispatcher(BackendResources):
             for other in await self.store.request_claimants(exclude=self.id):
                 if await self._lock.is_alive(other):
                     continue
+                since = time.monotonic()
                 taken = await self.store.take_over_requests(other, self.id)
                 if taken:
                     log.warning(
@@ -530,6 +535,7 @@ class Dispatcher(BackendResources):
                     )
                 for request in taken:
                     self.stats.claimed += 1
+                    self._check_since[request.id] = since
                     self._spawn(request)
         except GanetiError as exc:
             log.warning("cannot look for requests of dead dispatchers (%s)", exc)
@@ -600,6 +606,7 @@ class Dispatcher(BackendResources):
             async with entry.submit_slots:
                 job_id = await client.create_instance(submitted, request_id=request.id)
         except CreateOutcomeUnknownError as exc:
+            self._check_since[request.id] = time.monotonic()
             self.allocator.release(reservation)
             metrics.SUBMISSIONS.labels(name, "unknown").inc()
             log.warning(
@@ -623,14 +630,38 @@ class Dispatcher(BackendResources):
             return None
         self._jobs[(name, job_id)] = reservation
         self.allocator.submitted(reservation)
-        await self.store.submitted_request(request.id, job_id, start=spec.start)
+        recorded = await self.store.submitted_request(request.id, job_id, start=spec.start)
         self.stats.submitted += 1
         metrics.SUBMISSIONS.labels(name, "ok").inc()
         metrics.REQUESTS.labels("submitted").inc()
         if entry.tracker is not None:
             entry.tracker.track(job_id)
         log.debug("request %s: %s on %s as job %d", request.id, spec.name, name, job_id)
+        if recorded.cancel_requested:
+            await self._cancel_sent(recorded, client)
         return None
+
+    async def _cancel_sent(self, request: Request, client: RapiClient) -> None:
+        """A cancel asked for while the create was being sent: cancel its job if still queued."""
+        assert request.job_id is not None
+        try:
+            result = await client.cancel_job(request.job_id)
+        except GanetiError as exc:
+            log.warning("request %s: cancel of job %d failed (%s)", request.id, request.job_id, exc)
+            return
+        if result.success:
+            await self.store.finish_request(
+                request.id, RequestStatus.CANCELED, error=f"job {request.job_id} canceled"
+            )
+            self.stats.canceled += 1
+            metrics.REQUESTS.labels("canceled").inc()
+        else:
+            log.warning(
+                "request %s: canceled while its create was sent, but job %d runs already (%s)",
+                request.id,
+                request.job_id,
+                result.message,
+            )
 
     def _reserve(self, request: Request, spec: InstanceSpec) -> Reservation:
         wanted = request.want_backend
@@ -650,8 +681,8 @@ class Dispatcher(BackendResources):
         client = await self.client(name)
         wanted = f"{REASON_PREFIX}{request.id}"
         try:
-            jobs = await client.list_jobs()
-            job_id = next((job.id for job in jobs if wanted in job.request_ids), None)
+            since = self._check_since.pop(request.id, time.monotonic())
+            job_id = (await self._jobs_by_reason(name, client, since)).get(wanted)
             if job_id is not None:
                 log.warning(
                     "request %s: found as job %d on %s (sent before a crash); recorded",
@@ -701,6 +732,33 @@ class Dispatcher(BackendResources):
             f"instance {request.instance} exists on {name} but is not this request's (no tag {request_tag(request.id)})",
         )
         return True
+
+    async def _jobs_by_reason(self, name: str, client: RapiClient, since: float) -> dict[str, int]:
+        """Reason text -> job id of every job Ganeti holds (``GET /2/jobs?bulk=1``), as listed
+        after ``since`` (when the request's fate became unknown: a listing begun before that
+        could miss a create sent just before it).
+
+        After a crash hundreds of requests taken over at once share one listing per backend.
+        """
+        now = time.monotonic()
+        cached = self._job_listings.get(name)
+        if cached is not None and cached[0] >= since:
+            return await asyncio.shield(cached[1])
+        task: asyncio.Future[dict[str, int]] = asyncio.ensure_future(self._list_reasons(client))
+        self._job_listings[name] = (now, task)
+        try:
+            return await asyncio.shield(task)
+        except GanetiError:
+            self._job_listings.pop(name, None)
+            raise
+
+    @staticmethod
+    async def _list_reasons(client: RapiClient) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for job in await client.list_jobs():
+            for reason in job.request_ids:
+                found.setdefault(reason, job.id)
+        return found
 
     async def _cancel(self, request: Request) -> None:
         await self.store.finish_request(
