@@ -692,11 +692,13 @@ class Dispatcher(BackendResources):
                 )
                 self.stats.recovered += 1
                 spec = InstanceSpec.model_validate(request.spec)
-                await self.store.submitted_request(request.id, job_id, start=spec.start)
+                recorded = await self.store.submitted_request(request.id, job_id, start=spec.start)
                 metrics.REQUESTS.labels("submitted").inc()
                 entry = self._backends.get(name)
                 if entry is not None and entry.tracker is not None:
                     entry.tracker.track(job_id)
+                if recorded.cancel_requested:  # canceled meanwhile: cancel the job while it is queued
+                    await self._cancel_sent(recorded, client)
                 return True
             try:
                 instance = await client.get_instance(request.instance)

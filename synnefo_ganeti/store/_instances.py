@@ -67,6 +67,8 @@ def instance_status_after(
     if action is InstanceAction.CREATE:
         if success:
             return InstanceStatus.STARTED if start is not False else InstanceStatus.STOPPED
+        if job_status is JobStatus.CANCELED:
+            return InstanceStatus.DESTROYED  # canceled before it ran: the instance never existed
         return InstanceStatus.ERROR
     if not success:
         return None  # a failed startup, shutdown, reboot, remove or modify leaves the state alone

@@ -394,12 +394,14 @@ def request_cancel(conn: Connection, request_id: str) -> tuple[Request, bool]:
         return finish(
             conn, request_id, RequestStatus.CANCELED, error="canceled before it was submitted"
         ), True
-    conn.execute(
-        update(requests_t)
-        .where(requests_t.c.id == request_id)
-        .values(cancel_requested=True, updated_at=datetime.now(UTC))
-    )
-    return must_get(conn, request_id), False
+    if request.status is RequestStatus.PENDING:
+        conn.execute(
+            update(requests_t)
+            .where(requests_t.c.id == request_id)
+            .values(cancel_requested=True, updated_at=datetime.now(UTC))
+        )
+        return must_get(conn, request_id), False
+    return request, False  # submitted: only Ganeti can cancel its job now
 
 
 def settle_requests(

@@ -84,7 +84,7 @@ def modify(beparams: dict[str, Any]) -> dict[str, Any]:
         (InstanceAction.CREATE, JobStatus.SUCCESS, None, InstanceStatus.STARTED),
         (InstanceAction.CREATE, JobStatus.SUCCESS, False, InstanceStatus.STOPPED),
         (InstanceAction.CREATE, JobStatus.ERROR, True, InstanceStatus.ERROR),
-        (InstanceAction.CREATE, JobStatus.CANCELED, True, InstanceStatus.ERROR),
+        (InstanceAction.CREATE, JobStatus.CANCELED, True, InstanceStatus.DESTROYED),
         (InstanceAction.CREATE, JobStatus.RUNNING, True, None),
         (InstanceAction.STARTUP, JobStatus.SUCCESS, None, InstanceStatus.STARTED),
         (InstanceAction.REBOOT, JobStatus.SUCCESS, None, InstanceStatus.STARTED),
@@ -147,7 +147,7 @@ async def test_a_lifecycle_moves_the_instance(db_url) -> None:
     [
         (CREATE_OK, False, InstanceStatus.STOPPED),
         (CREATE_FAILED, True, InstanceStatus.ERROR),
-        (canceled(CREATE_OK), True, InstanceStatus.ERROR),
+        (canceled(CREATE_OK), True, InstanceStatus.DESTROYED),  # canceled before it ran: never existed
     ],
 )
 async def test_create_outcomes(db_url, content, start, expected) -> None:

@@ -311,7 +311,7 @@ async def test_a_job_end_stored_after_submitted_settles_in_the_writer(db_url) ->
     outcomes = [
         (CREATE_OK, RequestStatus.SUCCEEDED, None, InstanceStatus.STARTED),
         (CREATE_BAD_OS, RequestStatus.FAILED, BAD_OS_ERROR, InstanceStatus.ERROR),
-        (canceled(CREATE_OK), RequestStatus.CANCELED, "job 13 was canceled", InstanceStatus.ERROR),
+        (canceled(CREATE_OK), RequestStatus.CANCELED, "job 13 was canceled", InstanceStatus.DESTROYED),
     ]
     async with Store(db_url) as store:
         for job_id, (content, expected, error, after) in enumerate(outcomes, start=11):
@@ -444,7 +444,8 @@ async def test_a_build_instance_whose_create_was_canceled_or_failed_is_destroyed
             end = job(canceled(CREATE_OK), job_id=job_id)
             if watcher_first:
                 await store.record(B1, end)
-                assert await status_of(store, name) is InstanceStatus.ERROR
+                # a create canceled before it ran leaves nothing: DESTROYED already
+                assert await status_of(store, name) is InstanceStatus.DESTROYED
             gone = await store.destroy_unbuilt(B1, name, job_id, JobStatus.CANCELED)
             assert gone.status is InstanceStatus.DESTROYED
             await store.record(B1, end)
