@@ -220,6 +220,8 @@ class Dispatcher(BackendResources):
             asyncio.create_task(self._reconcile_loop(), name="dispatch reconciler"),
             asyncio.create_task(self._metrics_loop(), name="dispatch metrics"),
         ]
+        if self.store.dialect == "postgresql":
+            self._loops.append(asyncio.create_task(self._lock_loop(), name="dispatch liveness lock"))
         if self.notifier.watchdog_interval() is not None:
             self._loops.append(asyncio.create_task(self._watchdog_loop(), name="dispatch watchdog"))
         if self._freeze_gc:
@@ -568,7 +570,7 @@ class Dispatcher(BackendResources):
                         f"not placed within {self.settings.dispatcher.placement_timeout:g} s: {outcome}",
                     )
                     return
-                await asyncio.sleep(delay)
+                await self._pause(delay)
                 delay = min(delay * 2, 10.0)
         except RequestNotHeldError as exc:
             log.info("request %s: %s", request.id, exc)
@@ -709,7 +711,7 @@ class Dispatcher(BackendResources):
             log.warning(
                 "request %s: cannot ask %s about it (%s); asking again shortly", request.id, name, exc
             )
-            await asyncio.sleep(2.0)
+            await self._pause(2.0)
             return not self._claiming
         if instance is None:
             await self.store.unplace_request(request.id, self.id, error=None)
@@ -761,6 +763,13 @@ class Dispatcher(BackendResources):
             for reason in job.request_ids:
                 found.setdefault(reason, job.id)
         return found
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake at once when the dispatcher stops (a request waiting for room or for
+        an answer from Ganeti then leaves its claim for the next dispatcher)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()
 
     async def _cancel(self, request: Request) -> None:
         await self.store.finish_request(
@@ -860,6 +869,20 @@ class Dispatcher(BackendResources):
                     sum(n for (_, status), n in counts.items() if status == RequestStatus.PENDING)
                 )
             await asyncio.sleep(5.0)
+
+    async def _lock_loop(self) -> None:
+        """Keep this dispatcher's liveness lock: a database restart ends the session holding it,
+        and until it is taken again other dispatchers would take this one for dead."""
+        assert self._lock is not None
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                if not await self._lock.check():
+                    log.warning(
+                        "dispatcher %s: its liveness lock was lost (database restart?); taken again", self.id
+                    )
+            except GanetiError as exc:
+                log.warning("dispatcher %s: cannot keep its liveness lock (%s); trying again", self.id, exc)
 
     async def _watchdog_loop(self) -> None:
         interval = self.notifier.watchdog_interval()

@@ -15,6 +15,7 @@ SQLite takes one dispatcher per database (its writes serialise anyway): an exclu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -59,19 +60,48 @@ class DispatcherLock:
 
     async def acquire(self) -> None:
         if self.store.dialect == "postgresql":
-            conn = await self.store.engine.connect()
-            try:
-                await conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _key(f"dispatcher:{self.id}")})
-                await conn.commit()
-            except Exception:
-                await conn.close()
-                raise
-            self._conn = conn
+            self._conn = await self._locked_connection()
             return
         database = self.store.url.database
         if not database or database == ":memory:":
             return  # one process by construction
         self._file = _lock_file(database, self.id)
+
+    async def _locked_connection(self) -> AsyncConnection:
+        conn = await self.store.engine.connect()
+        try:
+            await conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _key(f"dispatcher:{self.id}")})
+            await conn.commit()
+        except Exception:
+            await conn.close()
+            raise
+        return conn
+
+    async def check(self) -> bool:
+        """True while the lock's session lives; else it is taken again on a new connection and
+        False is returned (PostgreSQL; SQLite's file lock cannot be lost)."""
+        if self._conn is None:
+            return True
+        try:
+            async with self._mutex:
+                await self._conn.execute(text("SELECT 1"))
+                await self._conn.commit()
+            return True
+        except Exception as exc:
+            log.debug("liveness lock connection lost: %s", exc)
+        async with self._mutex:
+            old, self._conn = self._conn, None
+            with contextlib.suppress(Exception):
+                await old.invalidate()
+            try:
+                self._conn = await self._locked_connection()
+            except Exception as exc:
+                self._conn = old  # keep something to retry on
+                raise StoreError(
+                    f"database {self.store.display_url}: cannot take the dispatcher lock again: {exc}",
+                    url=self.store.display_url,
+                ) from None
+        return False
 
     async def release(self) -> None:
         if self._conn is not None:
