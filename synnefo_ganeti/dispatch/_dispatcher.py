@@ -18,8 +18,10 @@ and the **submitter**, which claims pending requests and, for each:
 2. writes the placement (backend, attempt, instance row BUILD) *before* sending;
 3. sends the create with the request id in its reason and as a tag;
 4. records the job (request ``submitted``), or, when Ganeti certainly got nothing
-   (503, connection refused), forgets the placement and places it again; a create
-   Ganeti refused (400...) fails the request.
+   (502/503/504, connection refused, credentials or TLS refused), forgets the placement
+   and places it again, that backend left out for a while; when the create may have been
+   sent (reset, timeout), keeps it placed and asks Ganeti again before placing it anew
+   (step below); a create Ganeti refused (400...) fails the request.
 
 If the dispatcher dies after step 2, the request stays claimed by a dead dispatcher:
 the next one to start (or a live one, on PostgreSQL) takes it over and asks Ganeti
@@ -55,15 +57,17 @@ from synnefo_ganeti.daemon import StatusServer, SystemdNotifier
 from synnefo_ganeti.dispatch._liveness import DispatcherLock, new_dispatcher_id
 from synnefo_ganeti.dispatch._tracker import JobTracker
 from synnefo_ganeti.errors import (
+    AuthenticationError,
     CreateOutcomeUnknownError,
     GanetiError,
     NotFoundError,
     StoreError,
+    TransportError,
     UnavailableError,
 )
 from synnefo_ganeti.health import HealthChange, HealthMonitor
 from synnefo_ganeti.jobs import JobStatus
-from synnefo_ganeti.rapi import REASON_PREFIX, InstanceSpec, RapiClient, is_unsent
+from synnefo_ganeti.rapi import REASON_PREFIX, InstanceSpec, RapiClient, is_transient, is_unsent
 from synnefo_ganeti.reconcile import Fix, Reconciler, Report
 from synnefo_ganeti.reconcile._observe import expectation
 from synnefo_ganeti.store import (
@@ -87,6 +91,10 @@ log = logging.getLogger("synnefo_ganeti.dispatch")
 DAEMON_FIXES = frozenset(Fix)
 #: how long a backend that answered 503 is left out of placement
 REFUSING_SECONDS = 15.0
+#: PostgreSQL: seconds between looks for dispatchers that are gone, and how long a dispatcher's
+#: lock must stay free before its requests are taken over
+TAKEOVER_CHECK = 5.0
+TAKEOVER_CONFIRM = 2.5
 
 
 @dataclass(slots=True)
@@ -162,6 +170,8 @@ class Dispatcher(BackendResources):
         self._job_listings: dict[str, tuple[float, asyncio.Future[dict[str, int]]]] = {}
         # request id -> since when its create's fate is unknown (Ganeti is asked about it)
         self._check_since: dict[str, float] = {}
+        # dispatcher id -> when its lock was first seen free (PostgreSQL)
+        self._suspects: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return (
@@ -499,7 +509,9 @@ class Dispatcher(BackendResources):
             if len(claimed) >= min(room, options.claim_batch) > 0:
                 await asyncio.sleep(0)  # more may be waiting: claim again at once
                 continue
-            if self.store.dialect == "postgresql" and time.monotonic() - last_takeover > 5.0:
+            if self.store.dialect == "postgresql" and (
+                time.monotonic() - last_takeover > TAKEOVER_CHECK or self._suspects
+            ):
                 await self._take_over_dead()
                 last_takeover = time.monotonic()
             self._wake.clear()
@@ -522,9 +534,22 @@ class Dispatcher(BackendResources):
         """Requests held by dispatchers that are gone become ours (checked against Ganeti)."""
         assert self._lock is not None
         try:
-            for other in await self.store.request_claimants(exclude=self.id):
+            claimants = await self.store.request_claimants(exclude=self.id)
+            for other in list(self._suspects):
+                if other not in claimants:
+                    del self._suspects[other]
+            for other in claimants:
                 if await self._lock.is_alive(other):
+                    self._suspects.pop(other, None)
                     continue
+                if self.store.dialect == "postgresql":
+                    # Seen dead twice, TAKEOVER_CONFIRM seconds apart: a database restart ends every
+                    # session and so frees every dispatcher's lock, but a live one takes its own
+                    # again within a second (_lock_loop); a dead one stays free.
+                    first = self._suspects.setdefault(other, time.monotonic())
+                    if time.monotonic() - first < TAKEOVER_CONFIRM:
+                        continue
+                    del self._suspects[other]
                 since = time.monotonic()
                 taken = await self.store.take_over_requests(other, self.id)
                 if taken:
@@ -617,15 +642,24 @@ class Dispatcher(BackendResources):
             return str(exc)
         except GanetiError as exc:
             self.allocator.release(reservation)
-            if isinstance(exc, UnavailableError) or is_unsent(exc):
-                if isinstance(exc, UnavailableError):
-                    view = self.allocator.view(name)
-                    self.allocator.update(_replace(view, refusing_until=time.monotonic() + REFUSING_SECONDS))
-                    metrics.SUBMISSIONS.labels(name, "refused").inc()
-                else:
-                    metrics.SUBMISSIONS.labels(name, "error").inc()
+            if _not_taken(exc):
+                view = self.allocator.view(name)
+                self.allocator.update(_replace(view, refusing_until=time.monotonic() + REFUSING_SECONDS))
+                outcome = "refused" if isinstance(exc, UnavailableError) else "error"
+                metrics.SUBMISSIONS.labels(name, outcome).inc()
                 await self.store.unplace_request(request.id, self.id, error=f"{name}: {exc}")
                 log.info("request %s: %s did not take it (%s); placing it again", request.id, name, exc)
+                return f"{name}: {exc}"
+            if is_transient(exc):
+                # Sent, maybe: the client's own look found nothing, but a slow Ganeti may take it
+                # yet. The request stays placed; _recover asks Ganeti again before it goes elsewhere.
+                self._check_since[request.id] = time.monotonic()
+                view = self.allocator.view(name)
+                self.allocator.update(_replace(view, refusing_until=time.monotonic() + REFUSING_SECONDS))
+                metrics.SUBMISSIONS.labels(name, "unknown").inc()
+                log.warning(
+                    "request %s on %s: no answer (%s); Ganeti is asked again shortly", request.id, name, exc
+                )
                 return f"{name}: {exc}"
             metrics.SUBMISSIONS.labels(name, "error").inc()
             await self._fail(request, f"{name} refused the create: {exc}", placed=True)
@@ -897,3 +931,14 @@ def _replace(view: BackendView, **changes: Any) -> BackendView:
 
 
 _REQUEST_END = {JobStatus.SUCCESS: "succeeded", JobStatus.ERROR: "failed", JobStatus.CANCELED: "canceled"}
+
+
+def _not_taken(error: GanetiError) -> bool:
+    """A create this backend certainly did not take: place it elsewhere. A 502/504 counts (the
+    client found no job of it before giving up), and so do refused credentials and a TLS failure
+    (no HTTP was spoken): the backend is at fault, not the request."""
+    return (
+        isinstance(error, UnavailableError | AuthenticationError)
+        or is_unsent(error)
+        or (isinstance(error, TransportError) and not error.maybe_sent)
+    )
