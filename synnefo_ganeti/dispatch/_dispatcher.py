@@ -18,7 +18,8 @@ and the **submitter**, which claims pending requests and, for each:
 2. writes the placement (backend, attempt, instance row BUILD) *before* sending;
 3. sends the create with the request id in its reason and as a tag;
 4. records the job (request ``submitted``), or, when Ganeti certainly got nothing
-   (502/503/504, connection refused, credentials or TLS refused), forgets the placement
+   (502/503/504, connection refused, credentials or TLS refused, an answer that is
+   not a job id and no job found), forgets the placement
    and places it again, that backend left out for a while; when the create may have been
    sent (reset, timeout), keeps it placed and asks Ganeti again before placing it anew
    (step below); a create Ganeti refused (400...) fails the request.
@@ -61,6 +62,7 @@ from synnefo_ganeti.errors import (
     CreateOutcomeUnknownError,
     GanetiError,
     NotFoundError,
+    RapiError,
     StoreError,
     TransportError,
     UnavailableError,
@@ -934,11 +936,13 @@ _REQUEST_END = {JobStatus.SUCCESS: "succeeded", JobStatus.ERROR: "failed", JobSt
 
 
 def _not_taken(error: GanetiError) -> bool:
-    """A create this backend certainly did not take: place it elsewhere. A 502/504 counts (the
-    client found no job of it before giving up), and so do refused credentials and a TLS failure
-    (no HTTP was spoken): the backend is at fault, not the request."""
+    """A create this backend certainly did not take: place it elsewhere. A 502/504 and a success
+    answer that is not a job id count (an answer came, and the client looked for the job after
+    it and found none), and so do refused credentials and a TLS failure (no HTTP was spoken):
+    the backend is at fault, not the request."""
     return (
         isinstance(error, UnavailableError | AuthenticationError)
         or is_unsent(error)
         or (isinstance(error, TransportError) and not error.maybe_sent)
+        or (type(error) is RapiError and (error.status or 0) < 400)
     )

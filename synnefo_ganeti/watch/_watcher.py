@@ -6,7 +6,7 @@ it to ``archive/<id // 10000>/job-<id>``. The watcher:
 
 * watches the queue directory, ``archive/`` and every ``archive/<n>/`` for
   ``MOVED_TO`` and ``CLOSE_WRITE`` (and ``CREATE`` of archive folders), and acts only on
-  names matching ``^job-\\d+$``;
+  names that are exactly ``job-`` and ASCII digits (not ``job-7.tmp``, ``job-7\\n``);
 * marks such a path pending; a reader task reads pending paths and hands each version
   to the store. A path marked again before it is read is read once: Ganeti replaced
   that version already, the latest wins;
@@ -15,8 +15,9 @@ it to ``archive/<id // 10000>/job-<id>``. The watcher:
   removed, moved or recreated); archived jobs the store already holds as final are
   not read again;
 * skips a bad file (truncated, not UTF-8 or JSON, too large, a symlink, not shaped like
-  a job, or naming another job), logging it once with its path and counting it; it is
-  read again on its next change;
+  a job, or naming another job), logging it once with its path and counting it once
+  per bad version (a rescan reading the same file again neither logs nor counts); it
+  is read again on its next change;
 * survives a missing or unreadable queue directory: a log line, then retries.
 """
 
@@ -45,8 +46,10 @@ __all__ = ["QueueWatcher", "WatchStats", "check_inotify_limits"]
 
 log = logging.getLogger("synnefo_ganeti.watch")
 
-JOB_NAME = re.compile(r"^job-(\d+)$")
-ARCHIVE_FOLDER = re.compile(r"^\d+$")
+# ASCII digits to the very end: "$" also matches before a final newline, and \d matches other
+# scripts' digits (int() reads them), so "job-7\n" and "job-\u0667" were read as job 7.
+JOB_NAME = re.compile(r"^job-([0-9]+)\Z")
+ARCHIVE_FOLDER = re.compile(r"^[0-9]+\Z")
 _NOTHING: frozenset[int] = frozenset()
 #: struct inotify_event: wd, mask, cookie, len, then len bytes of NUL-padded name
 _EVENT = struct.Struct("iIII")
@@ -144,7 +147,8 @@ class QueueWatcher:
         self._pending: dict[str, bool] = {}  # path -> archived?, in the order marked
         self._has_pending = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._bad: dict[str, str] = {}  # path -> what was wrong with it the last time
+        # path -> what was wrong with it the last time, and which file that was
+        self._bad: dict[str, tuple[str, tuple[int, ...] | None]] = {}
         self._inotify: Inotify | None = None
         self._watches: dict[str, Watch] = {}
         self._by_wd: dict[int, Watch] = {}
@@ -473,12 +477,24 @@ class QueueWatcher:
 
     def _bad_file(self, path: str, exc: BaseException) -> None:
         reason = _os_reason(exc) if isinstance(exc, OSError) else str(exc)
-        if self._bad.get(path) == reason:
+        # A rescan reads the same bad file again: not counted again. A new bad version (Ganeti
+        # renames a new file into place) is counted and logged, even with the same reason.
+        bad = (reason, _identity(path))
+        if self._bad.get(path) == bad:
             return
-        self._bad[path] = reason
+        self._bad[path] = bad
         self.stats.bad_files += 1
         self._m_bad.inc()
         log.warning("skipping job file %s: %s (read again on its next change)", path, reason)
+
+
+def _identity(path: str) -> tuple[int, ...] | None:
+    """Which file (or symlink) ``path`` is now: another version is another inode or content."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 def _os_reason(exc: OSError | BaseException) -> str:
