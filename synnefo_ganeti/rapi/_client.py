@@ -12,8 +12,9 @@ unlike Ganeti's own client).
 Creates are never sent twice blindly. Each create carries a request id in its
 reason trail (``?reason=synnefo-ganeti:<id>``, stored by Ganeti as
 ``["gnt:user", "synnefo-ganeti:<id>", ts]`` in the job's op). When a create's
-outcome is unknown (the connection broke or timed out after sending, or a
-502/504), the client searches the job list for that id before sending again.
+outcome is unknown (the connection broke or timed out after sending, a 502/504,
+or a success answer that is not a job id), the client searches the job list for
+that id before sending again (or before giving up).
 """
 
 from __future__ import annotations
@@ -138,6 +139,8 @@ class RapiClient:
             name=name,
         )
         self.name = self._transport.name
+        #: how error messages name this backend: ``name (url)``, or the URL alone when unnamed
+        self.where = self._transport.where
         self._features: list[str] | None = None
 
     def __repr__(self) -> str:
@@ -206,7 +209,8 @@ class RapiClient:
             return int(answer)
         except (TypeError, ValueError):
             raise RapiError(
-                f"{self.url}: {what} answered {answer!r}, not a job id; is this a ganeti-rapi?", url=self.url
+                f"{self.where}: {what} answered {answer!r}, not a job id; is this a ganeti-rapi?",
+                url=self.url,
             ) from None
 
     def _parse(self, model: type[M], data: Any, what: str) -> M:
@@ -215,7 +219,7 @@ class RapiClient:
         except ValidationError as exc:
             first = exc.errors()[0]
             raise RapiError(
-                f"{self.url}: {what} answered data of an unexpected shape ({exc.error_count()} problems, "
+                f"{self.where}: {what} answered data of an unexpected shape ({exc.error_count()} problems, "
                 f"first: {first['loc']} {first['msg']}); report this with the Ganeti version",
                 url=self.url,
             ) from None
@@ -284,11 +288,13 @@ class RapiClient:
             except GanetiError as exc:
                 if is_unsent(exc):
                     pass  # never reached Ganeti: sending again is safe
-                elif is_transient(exc):
+                elif is_transient(exc) or _garbled(exc):
                     found = await self._find_create(rid, spec.name, dry_run=dry_run, cause=exc)
                     if found is not None:
                         logger.info("%s: create %s was submitted after all, as job %d", self.url, rid, found)
                         return found
+                    if not is_transient(exc):
+                        raise  # an answer that is not a job id is not worth sending again
                 else:
                     raise
                 delay = next(delays, None)
@@ -315,14 +321,14 @@ class RapiClient:
                 return None
         except GanetiError as exc:
             raise CreateOutcomeUnknownError(
-                f"{self.url}: the create of {name} (request {request_id}) may or may not have been submitted "
+                f"{self.where}: the create of {name} (request {request_id}) may or may not have been submitted "
                 f"({cause}), and looking it up failed too ({exc}); look for a job whose reason is "
                 f"'{wanted}' before creating it again",
                 url=self.url,
                 request_id=request_id,
             ) from exc
         raise CreateOutcomeUnknownError(
-            f"{self.url}: the create of {name} (request {request_id}) got no answer ({cause}); no queued job "
+            f"{self.where}: the create of {name} (request {request_id}) got no answer ({cause}); no queued job "
             f"carries its request id, but instance {name} exists: it may be ours (job already archived) or "
             "another creator's; check with 'gnt-instance info' before creating it again",
             url=self.url,
@@ -418,7 +424,7 @@ class RapiClient:
 
     def _unknown_job(self, job_id: int) -> JobNotFoundError:
         return JobNotFoundError(
-            f"{self.url}: job {job_id} is unknown to Ganeti (neither queued nor archived); check the id",
+            f"{self.where}: job {job_id} is unknown to Ganeti (neither queued nor archived); check the id",
             url=self.url,
             job_id=int(job_id),
         )
@@ -472,7 +478,7 @@ class RapiClient:
             if isinstance(exc, RapiTimeoutError):
                 raise
             raise RapiTimeoutError(
-                f"{self.url}: job {job_id} did not end within {timeout:g} s; it is still in Ganeti's queue "
+                f"{self.where}: job {job_id} did not end within {timeout:g} s; it is still in Ganeti's queue "
                 "(wait again, or cancel it)",
                 url=self.url,
             ) from None
@@ -484,5 +490,10 @@ class RapiClient:
         if isinstance(answer, list) and len(answer) == 2:
             return CancelResult(bool(answer[0]), str(answer[1]))
         raise RapiError(
-            f"{self.url}: DELETE {path} answered {answer!r}, not [success, message]", url=self.url
+            f"{self.where}: DELETE {path} answered {answer!r}, not [success, message]", url=self.url
         )
+
+
+def _garbled(error: GanetiError) -> bool:
+    """A create answered with success but not with a job id: Ganeti may hold the job."""
+    return type(error) is RapiError and (error.status is None or error.status < 400)

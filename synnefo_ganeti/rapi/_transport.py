@@ -17,8 +17,11 @@ Design, and why:
   GET without ``Content-Length``. Bodiless requests carry ``Content-Length: 0``.
 * No ``BasicAuth``/``auth=`` (deprecated in aiohttp 3.14): the ``Authorization``
   header is built once. The password lives only inside that header value.
+* aiohttp's own resend of a GET, PUT or DELETE whose connection broke is off: one
+  call is one request on the wire, so the retry policy counts every attempt.
 * Errors are mapped here, once, onto :mod:`synnefo_ganeti.errors`; each message
-  names the backend URL and what to do. Retrying is the layer above's business.
+  names the backend (its configured name and URL) and what to do. Retrying is the
+  layer above's business.
 * Every attempt is counted here (``synnefo_ganeti_rapi_requests_total``, by backend
   ``name``, HTTP method and outcome) and timed on the wire, from holding a slot to the
   whole answer read (``synnefo_ganeti_rapi_request_duration_seconds``; long-polls
@@ -31,6 +34,7 @@ import asyncio
 import base64
 import html
 import logging
+import re
 import sys
 import time
 from typing import Any, Final
@@ -64,6 +68,7 @@ _NO_BODY: Final = object()
 USER_AGENT: Final = f"synnefo-ganeti/{__version__}"
 LONG_POLL_GRACE: Final = 10.0  # Ganeti's /wait answers after at most ~10 s; allow this much more
 _CLOSE_TURNS: Final = 4
+_FINGERPRINT: Final = re.compile(r"[0-9A-F]{2}(?::[0-9A-F]{2}){31}")
 # CPython before 3.12.8 (and 3.13.0) leaks TLS transports whose close the peer never completes.
 _NEEDS_CLEANUP_CLOSED: Final = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.version_info < (3, 13, 1)
 
@@ -86,6 +91,8 @@ class Transport:
     ) -> None:
         self.url = url
         self.name = name or default_name(url)
+        #: how messages name the backend: its URL, after its configured name when it has one
+        self.where = f"{name} ({url})" if name else url
         self.username = username
         self.tls_mode = tls_mode
         self.max_connections = max_connections
@@ -133,6 +140,11 @@ class Transport:
             skip_auto_headers=("Accept-Encoding",),
             raise_for_status=False,
         )
+        # aiohttp sends a GET, PUT or DELETE once more, unasked, when the connection breaks
+        # before the answer: that doubles every retry of a read, and repeats a write (a
+        # shutdown, a remove) that Ganeti may have taken. Retrying is the layer above's call.
+        if hasattr(self._session, "_retry_connection"):
+            self._session._retry_connection = False
 
     async def close(self) -> None:
         session, self._session = self._session, None
@@ -157,7 +169,7 @@ class Transport:
         """Send one request and return the decoded JSON answer, or raise a :class:`GanetiError`."""
         if self._session is None:
             raise GanetiError(
-                f"{self.url}: the client is not open; use it as 'async with RapiClient(...) as rapi:'",
+                f"{self.where}: the client is not open; use it as 'async with RapiClient(...) as rapi:'",
                 url=self.url,
             )
         if long_poll:
@@ -229,7 +241,7 @@ class Transport:
         except orjson.JSONDecodeError:
             self._count(method, "bad_answer", None if long_poll else elapsed)
             raise RapiError(
-                f"{self.url}: {method} {path} answered HTTP {status} with a body that is not JSON "
+                f"{self.where}: {method} {path} answered HTTP {status} with a body that is not JSON "
                 f"({payload[:80]!r}); is this URL a ganeti-rapi (port 5080)?",
                 url=self.url,
                 status=status,
@@ -269,7 +281,7 @@ class Transport:
             raw_explain = decoded.get("explain")
             explain = str(raw_explain) if raw_explain is not None else None
         said = f": {ganeti_message}" if ganeti_message else ""
-        where = f"{self.url}: {method} {path} got HTTP {status}{said}"
+        where = f"{self.where}: {method} {path} got HTTP {status}{said}"
         kwargs: dict[str, Any] = {
             "url": self.url,
             "status": status,
@@ -303,9 +315,10 @@ class Transport:
         )
 
     def _transport_error(self, exc: BaseException, method: str, path: str, limit: float) -> GanetiError:
-        what = f"{self.url}: {method} {path}"
+        what = f"{self.where}: {method} {path}"
         if isinstance(exc, aiohttp.ClientSSLError) and "fingerprint mismatch" in _reason(exc):
-            got = _reason(exc).rpartition(" ")[2]
+            found = _FINGERPRINT.search(_reason(exc))
+            got = found.group(0) if found else "unknown"
             return TLSError(
                 f"{what}: TLS certificate fingerprint mismatch: the server's SHA-256 is {got}, not the "
                 "pinned one; check it on the master with "
