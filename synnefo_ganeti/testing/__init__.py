@@ -10,12 +10,15 @@ from __future__ import annotations
 from synnefo_ganeti.testing._cluster import FakeInstance, FakeNode
 from synnefo_ganeti.testing._engine import DEFAULT_OP_TIMES, FakeCluster, FakeJob
 from synnefo_ganeti.testing._fake import FakeGaneti
+from synnefo_ganeti.testing._proxy import PROXY_MODES, ChaosProxy
 from synnefo_ganeti.testing._server import FAULT_KINDS, Fault
 from synnefo_ganeti.testing._structure import shape_of, structure_diff
 
 __all__ = [
     "DEFAULT_OP_TIMES",
     "FAULT_KINDS",
+    "PROXY_MODES",
+    "ChaosProxy",
     "FakeCluster",
     "FakeGaneti",
     "FakeInstance",

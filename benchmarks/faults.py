@@ -1,0 +1,304 @@
+"""Faults from Ganeti, measured once each: the figures of docs/reliability.md.
+
+    python benchmarks/faults.py                     # every case
+    python benchmarks/faults.py --cases 503,reset   # some of them
+
+The same matrix as tests/unit/test_faults.py: HTTP faults from the fake Ganeti
+(``inject_fault``), network faults from a ``ChaosProxy`` between client and fake.
+Every client is made from a backend's settings (``BackendSettings.rapi_client``, so
+it carries the backend's name), with ``RetryPolicy(attempts=3, backoff=0.01,
+max_backoff=0.02)`` and a ``--timeout`` of 0.3 s per request.
+
+Per case (one JSON object on stdout, progress on stderr):
+
+* ``attempts``: tries of one failing read (``GET /2/info``), as the client's
+  ``synnefo_ganeti_rapi_requests_total`` counts them; ``seen_by_server``: those that
+  reached the fake or the proxy (0 when the port refuses);
+* ``error_type``: the class of the read's error; ``names_backend``: its message holds
+  the backend's name and URL; ``seconds_to_error``: the read's wall time;
+* ``create_posts``: ``POST /2/instances`` sent for one create whose first try meets the
+  fault (a fault no retry gets past: the create fails, the fault clears, it is sent again);
+* ``duplicates``: create jobs beyond one per request id, over the create and a
+  dispatcher run of ``--requests`` requests on two backends, one faulty;
+* ``other_backend_ok``: in that run every request succeeded, none was lost;
+  ``dispatcher_seconds``: the run's wall time; ``faulty_failures``: the faulty
+  backend's failed RAPI requests (metrics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack, suppress
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from synnefo_ganeti import ControlPlane, GanetiError, InstanceSpec, RetryPolicy
+from synnefo_ganeti.config import BackendSettings, Settings
+from synnefo_ganeti.dispatch import Dispatcher
+from synnefo_ganeti.metrics import REGISTRY
+from synnefo_ganeti.store import RequestStatus, Store
+from synnefo_ganeti.testing import ChaosProxy, FakeGaneti
+
+POLICY = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.02)
+QUICK = {"OP_INSTANCE_CREATE": 0.01, "OP_INSTANCE_STARTUP": 0.01}
+#: name -> (fake fault kind or None, proxy mode arguments, TLS, the create reaches Ganeti first)
+CASES: dict[str, tuple[str | None, dict[str, Any], bool, bool]] = {
+    "502": ("502", {}, False, False),
+    "503": ("503", {}, False, False),
+    "504": ("504", {}, False, False),
+    "reset": (None, {"mode": "reset", "forward": True}, False, True),
+    "refused": (None, {"mode": "refuse"}, False, False),
+    "hang": (None, {"mode": "hang", "forward": True}, False, True),
+    "slow_body": ("slow_body", {}, False, False),
+    "malformed_json": ("malformed_json", {}, False, False),
+    "401": ("401", {}, False, False),
+    "tls_mismatch": (None, {"mode": "pass"}, True, False),
+}
+ONCE_FAULTS = ("502", "503", "504", "reset", "hang", "slow_body")  # retrying gets past one of these
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not reached within {timeout:g} s")
+        await asyncio.sleep(0.02)
+
+
+def requests_of(backend: str, method: str | None = None, *, failed: bool = False) -> float:
+    total = 0.0
+    for metric in REGISTRY.collect():
+        if metric.name != "synnefo_ganeti_rapi_requests":
+            continue
+        for sample in metric.samples:
+            labels = sample.labels
+            if not sample.name.endswith("_total") or labels["backend"] != backend:
+                continue
+            if (method is None or labels["method"] == method) and not (failed and labels["outcome"] == "ok"):
+                total += sample.value
+    return total
+
+
+def create_jobs(rid: str, *fakes: FakeGaneti) -> int:
+    wanted = f"synnefo-ganeti:{rid}"
+    return sum(
+        1
+        for fake in fakes
+        for job in fake.cluster.jobs.values()
+        for op in job.ops
+        if op.op_id == "OP_INSTANCE_CREATE"
+        and any(item[0] == "gnt:user" and item[1] == wanted for item in op.luxid.get("reason", []))
+    )
+
+
+def spec(name: str) -> InstanceSpec:
+    return InstanceSpec(name=name, disk_template="diskless", os="noop", beparams={"memory": 128})
+
+
+class Scene:
+    """A fake behind a proxy (and, for a certificate mismatch, an impostor the proxy can lead to)."""
+
+    def __init__(self, case: str, timeout: float) -> None:
+        self.case = case
+        self.kind, self.proxy_mode, self.tls, self.sent = CASES[case]
+        self.timeout = timeout
+        self.faults: list[Any] = []
+        self.stack = AsyncExitStack()
+
+    async def __aenter__(self) -> Scene:
+        options: dict[str, Any] = {"tls": self.tls, "op_times": QUICK}
+        self.fake = await self.stack.enter_async_context(FakeGaneti(**options))
+        self.impostor = await self.stack.enter_async_context(FakeGaneti(**options)) if self.tls else None
+        self.proxy = await self.stack.enter_async_context(ChaosProxy("127.0.0.1", self.fake.port))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stack.aclose()
+
+    def settings(self, name: str) -> BackendSettings:
+        return BackendSettings(
+            name=name, url=self.proxy.url_for(self.fake), username=self.fake.username,
+            password=self.fake.password, fingerprint=self.fake.fingerprint, timeout=self.timeout,
+        )  # fmt: skip
+
+    def break_(self, *, method: str | None = None, path: str | None = None, times: int | None = None) -> None:
+        if self.kind is not None:
+            self.faults.append(
+                self.fake.inject_fault(self.kind, method=method, path=path, times=times, delay=0.2)
+            )
+        elif self.impostor is not None:
+            self.proxy.retarget("127.0.0.1", self.impostor.port)
+        else:
+            mode = dict(self.proxy_mode)
+            self.proxy.set_mode(mode.pop("mode"), times=times, **mode)
+
+    def mend(self) -> None:
+        self.fake.clear_faults()
+        self.proxy.retarget("127.0.0.1", self.fake.port)
+        self.proxy.set_mode("pass")
+
+    def fakes(self) -> list[FakeGaneti]:
+        return [self.fake] + ([self.impostor] if self.impostor is not None else [])
+
+
+async def read_case(case: str, timeout: float) -> dict[str, Any]:
+    name = f"bench-read-{case}"
+    async with Scene(case, timeout) as s, s.settings(name).rapi_client(timeout=timeout, retry=POLICY) as rapi:
+        await rapi.info()
+        connections, before = s.proxy.connections, requests_of(name, "GET")
+        s.break_()
+        started = time.perf_counter()
+        error: GanetiError | None = None
+        try:
+            await rapi.info()
+        except GanetiError as exc:
+            error = exc
+        seconds = time.perf_counter() - started
+        attempts = int(requests_of(name, "GET") - before)
+        seen = sum(f.hits for f in s.faults) if s.faults else s.proxy.connections - connections
+        s.mend()
+        recovered = (await rapi.info()).name == "cluster.fake.test"
+    message = str(error) if error is not None else ""
+    return {
+        "attempts": attempts,
+        "seen_by_server": seen,
+        "error_type": type(error).__name__ if error is not None else None,
+        "names_backend": name in message and rapi.url in message,
+        "seconds_to_error": round(seconds, 3),
+        "recovered": recovered,
+    }
+
+
+async def create_case(case: str, timeout: float) -> dict[str, Any]:
+    name, rid = f"bench-create-{case}", f"bench-{case}"
+    async with Scene(case, timeout) as s, s.settings(name).rapi_client(timeout=timeout, retry=POLICY) as rapi:
+        posts = requests_of(name, "POST")
+        if case in ONCE_FAULTS:
+            s.break_(method="POST", path="/2/instances", times=1)
+            job_id = await rapi.create_instance(spec("vm1"), request_id=rid)
+        else:
+            s.break_(method="POST", path="/2/instances")
+            with suppress(GanetiError):  # the fault's typed error: retrying cannot get past it
+                await rapi.create_instance(spec("vm1"), request_id=rid)
+            s.mend()
+            job_id = await rapi.create_instance(spec("vm1"), request_id=rid)
+        s.mend()
+        await rapi.wait_for_job(job_id, timeout=5)
+        return {
+            "create_posts": int(requests_of(name, "POST") - posts),
+            "create_duplicates": create_jobs(rid, *s.fakes()) - 1,
+            "create_instances": sum(len(f.cluster.instances) for f in s.fakes()),
+        }
+
+
+async def dispatcher_case(case: str, timeout: float, count: int, folder: Path) -> dict[str, Any]:
+    faulty, healthy = f"bench-faulty-{case}", f"bench-healthy-{case}"
+    db_url = f"sqlite:///{folder / f'{case}.db'}"
+    async with (
+        Scene(case, timeout) as s,
+        FakeGaneti(tls=s.tls, op_times=QUICK) as other,
+        AsyncExitStack() as stack,
+    ):
+        good = {"name": healthy, "url": other.url, "username": other.username, "password": other.password,
+                "fingerprint": other.fingerprint, "timeout": timeout}  # fmt: skip
+        settings = Settings(
+            database={"url": db_url},
+            backends=[s.settings(faulty).model_dump(), good],
+            dispatcher={
+                "status_port": None,
+                "poll_interval": 0.05,
+                "health_interval": 0.2,
+                "health_timeout": 1.0,
+                "stats_interval": 0.3,
+                "shutdown_timeout": 5.0,
+            },
+        )
+        failed_before = requests_of(faulty, failed=True)
+        clients = {
+            b.name: await stack.enter_async_context(b.rapi_client(timeout=timeout, retry=POLICY))
+            for b in settings.backends
+        }
+        store = await stack.enter_async_context(Store(db_url))
+        cp = await stack.enter_async_context(ControlPlane(settings, store=store))
+        dispatcher = Dispatcher(settings, store=store, clients=clients, status_server=False)
+        task = asyncio.create_task(dispatcher.run(), name="bench dispatcher")
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(dispatcher.ready.wait(), 10)
+            await until(
+                lambda: all(dispatcher.allocator.view(n).stats_at is not None for n in (faulty, healthy))
+            )
+            if s.kind is not None:
+                s.break_(method="POST", path="/2/instances")
+            else:
+                s.break_()
+            started = time.perf_counter()
+            ids = [await cp.request_instance(spec(f"vm{i}.example")) for i in range(count)]
+            if s.sent:  # creates whose fate is unknown wait for the backend to answer again
+                await until(lambda: requests_of(faulty, "POST", failed=True) > 0)
+                s.mend()
+            done = [await cp.wait_request(rid, timeout=30) for rid in ids]
+            seconds = time.perf_counter() - started
+        finally:
+            dispatcher.stop()
+            await task
+        fakes = [*s.fakes(), other]
+        return {
+            "other_backend_ok": all(r.status is RequestStatus.SUCCEEDED for r in done)
+            and sum(len(f.cluster.instances) for f in fakes) == count,
+            "dispatcher_duplicates": sum(max(0, create_jobs(rid, *fakes) - 1) for rid in ids),
+            "lost": sum(1 for rid in ids if create_jobs(rid, *fakes) == 0),
+            "on_healthy": sum(1 for r in done if r.backend == healthy),
+            "dispatcher_seconds": round(seconds, 3),
+            "faulty_failures": int(requests_of(faulty, failed=True) - failed_before),
+        }
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="faults-bench-") as folder:
+        for case in args.cases:
+            progress(f"{case}: read, create, dispatcher")
+            row = await read_case(case, args.timeout)
+            row |= await create_case(case, args.timeout)
+            row |= await dispatcher_case(case, args.timeout, args.requests, Path(folder))
+            row["duplicates"] = row.pop("create_duplicates") + row.pop("dispatcher_duplicates")
+            figures[case] = row
+    return {
+        "policy": {"attempts": POLICY.attempts, "backoff": POLICY.backoff, "max_backoff": POLICY.max_backoff},
+        "timeout": args.timeout,
+        "requests": args.requests,
+        "cases": figures,
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--timeout", type=float, default=0.3, help="seconds per request (default 0.3)")
+    parser.add_argument("--requests", type=int, default=6, help="requests through the dispatcher (default 6)")
+    args = parser.parse_args(argv)
+    args.cases = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in args.cases if c not in CASES]
+    if unknown or not args.cases:
+        parser.error(f"unknown case(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(CASES)}")
+    if args.requests < 1 or args.timeout <= 0:
+        parser.error("--requests must be >= 1 and --timeout > 0")
+    return args
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("SYNNEFO_GANETI_LOG_LEVEL", "error")
+    print(orjson.dumps(asyncio.run(main(parse_args()))).decode())
