@@ -64,6 +64,8 @@ from typing import Any
 
 import orjson
 
+from _children import stop_children
+
 CREATE_SECONDS = 0.2
 MEMORY = 128
 REASON_PREFIX = "synnefo-ganeti:"  # how RapiClient.create_instance writes the request id in the reason
@@ -154,15 +156,7 @@ class Fakes:
             self.worlds[shape.name] = orjson.loads(line)
 
     async def stop(self) -> None:
-        for process in self.processes:
-            if process.returncode is None and process.stdin is not None:
-                process.stdin.close()
-        for process in self.processes:
-            try:
-                await asyncio.wait_for(process.wait(), 10)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await stop_children(self.processes)
 
 
 # -- the driver ------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from typing import Any
 
 import orjson
 
+from _children import stop_children
 from _databases import database  # benchmarks/, the script's folder
 
 KINDS = ("stale", "orphan", "operstate", "flavor", "nics", "disks", "tags", "building", "job")
@@ -302,15 +303,7 @@ class Fakes:
             yield orjson.loads(self.lines.pop(0)) | {"name": backend_name(index)}
 
     async def stop(self) -> None:
-        for process in self.processes:
-            if process.returncode is None and process.stdin is not None:
-                process.stdin.close()
-        for process in self.processes:
-            try:
-                await asyncio.wait_for(process.wait(), 10)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await stop_children(self.processes)
 
 
 def insert_rows(conn: Any, rows: list[dict[str, Any]]) -> None:
