@@ -91,7 +91,7 @@ log = logging.getLogger("synnefo_ganeti.dispatch")
 #: the reconciler's fixes the daemon applies on its own (all database-side ones; orphans are
 #: only reported: deleting a VM is an operator's call, ``synnefo-ganeti reconcile --delete-orphans``)
 DAEMON_FIXES = frozenset(Fix)
-#: how long a backend that answered 503 is left out of placement
+#: how long a backend that refused a create (503, unreachable, auth or TLS failure) is left out of placement
 REFUSING_SECONDS = 15.0
 #: PostgreSQL: seconds between looks for dispatchers that are gone, and how long a dispatcher's
 #: lock must stay free before its requests are taken over
