@@ -196,7 +196,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 deadline = time.monotonic() + args.timeout
                 left = await open_requests(db_url)
                 while left and time.monotonic() < deadline:
-                    await asyncio.sleep(0.2)  # another process's writes: nothing here to wait on but the clock
+                    # another process writes: nothing here to wait on but the clock
+                    await asyncio.sleep(0.2)
                     left = await open_requests(db_url)
                 wall = time.perf_counter() - started
                 process.send_signal(signal.SIGTERM)
