@@ -14,7 +14,11 @@ is there (up to ``batch_size`` versions), and applies it in one transaction:
 
 A database that goes away (restart, network) makes the writer retry with backoff,
 holding what it has; :meth:`Store.put` blocks when the queue is full, which slows
-the watcher down rather than losing anything.
+the watcher down rather than losing anything. A SQLite file that another process
+keeps locked is the same for job versions (held, written once the lock goes), but a
+caller of :meth:`Store.call` (every facade write) waits only ``busy_timeout`` and
+then gets a :class:`StoreError` saying the file is locked by another process; its
+write is then never made.
 """
 
 from __future__ import annotations
@@ -257,6 +261,10 @@ class _Call:
     future: asyncio.Future[Any]
     #: PostgreSQL: take the writers' advisory lock (False for request claims, which rely on row locks)
     exclusive: bool = True
+    queued_at: float = field(default_factory=time.monotonic)
+    #: the writer took it up; or its caller gave up waiting first (the writer then skips it)
+    started: bool = False
+    abandoned: bool = False
 
 
 _Pending = JobVersion | _Call | None
@@ -301,6 +309,8 @@ class Store:
         self._backend_names: dict[int, str] = {}
         self._wakeup = asyncio.Event()
         self._closed = False
+        #: SQLite: since when (monotonic) the writer's transactions fail with "database is locked"
+        self._locked_since: float | None = None
 
     def __repr__(self) -> str:
         return f"<Store {self.display_url}>"
@@ -528,6 +538,9 @@ class Store:
                     queue.task_done()
 
     async def _call_with_retry(self, call: _Call) -> None:
+        if call.abandoned:
+            return  # its caller was told the database is locked: it must not happen later
+        call.started = True
         delay = 0.05
         for attempt in range(60):
             try:
@@ -539,6 +552,13 @@ class Store:
             except (DBAPIError, OSError, TimeoutError, ConnectionError) as exc:
                 self.stats.retries += 1
                 metrics.STORE_WRITE_RETRIES.inc()
+                if self._note_locked(exc):
+                    waited = time.monotonic() - call.queued_at
+                    if waited >= self.busy_timeout:
+                        self._locked_since = None  # the writer moves on: the next transaction will tell
+                        if not call.future.done():
+                            call.future.set_exception(self._locked_error(waited))
+                        return
                 if attempt == 0:
                     log.warning("database %s unavailable (%s); retrying", self.display_url, _reason(exc))
                 await asyncio.sleep(delay)
@@ -548,6 +568,7 @@ class Store:
                 if not call.future.done():
                     call.future.set_exception(exc)
                 return
+            self._locked_since = None
             if not call.future.done():
                 call.future.set_result(result)
             self._wake()
@@ -587,8 +608,48 @@ class Store:
         if self._queue is None or self._closed:
             raise RuntimeError("the store is not open")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Call(fn, future, exclusive))
-        return await future
+        call = _Call(fn, future, exclusive)
+        await self._queue.put(call)
+        if self.dialect != "sqlite":
+            return await future
+        # SQLite: the writer may be stuck behind another process's lock with versions it holds
+        # (it retries those for ever); a caller waits busy_timeout, then hears why.
+        try:
+            while not future.done():
+                await asyncio.wait([future], timeout=min(0.1, self.busy_timeout))
+                waited = time.monotonic() - call.queued_at
+                locked = self._locked_since is not None
+                if locked and waited >= self.busy_timeout and not future.done() and not call.started:
+                    call.abandoned = True
+                    future.cancel()
+                    raise self._locked_error(waited)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        return future.result()
+
+    def _is_locked(self, exc: BaseException) -> bool:
+        """A SQLite "database is locked" (or busy) error: another process holds the write lock."""
+        if self.dialect != "sqlite":
+            return False
+        message = str(getattr(exc, "orig", None) or exc).lower()
+        return "database is locked" in message or "database is busy" in message
+
+    def _note_locked(self, exc: BaseException) -> bool:
+        """The writer's: :meth:`_is_locked`, and since when its transactions fail so."""
+        locked = self._is_locked(exc)
+        if locked and self._locked_since is None:
+            self._locked_since = time.monotonic()
+        return locked
+
+    def _locked_error(self, waited: float) -> StoreError:
+        path = os.path.abspath(self.url.database or "")
+        return StoreError(
+            f"database file {path} is locked by another process: waited {waited:.1f} s "
+            f"(busy_timeout {self.busy_timeout:g} s) for the write lock, nothing written; "
+            f"find the process holding it (fuser {path}), or raise busy_timeout",
+            url=self.display_url,
+        )
 
     async def _write_with_retry(self, batch: list[JobVersion]) -> None:
         delay = 0.05
@@ -609,17 +670,21 @@ class Store:
             except (DBAPIError, OSError, TimeoutError, ConnectionError) as exc:
                 self.stats.retries += 1
                 metrics.STORE_WRITE_RETRIES.inc()
+                locked = self._note_locked(exc)
                 if down_since is None:
                     down_since = time.monotonic()
                     log.warning(
-                        "database %s unavailable (%s); holding %d job versions and retrying",
+                        "database %s unavailable (%s%s); holding %d job versions and retrying",
                         self.display_url,
                         _reason(exc),
+                        ", locked by another process" if locked else "",
                         len(batch) + self.pending,
                     )
-                await asyncio.sleep(delay)
+                # a lock: its holder may end at any moment, and each attempt waits busy_timeout
+                await asyncio.sleep(min(delay, 0.5) if locked else delay)
                 delay = min(delay * 2, 5.0)
                 continue
+            self._locked_since = None
             if down_since is not None:
                 log.warning(
                     "database %s is back after %.1f s; writing resumed",
@@ -659,7 +724,12 @@ class Store:
 
     async def ensure_backend(self, name: str) -> int:
         """The id of backend ``name``, creating its row if needed."""
-        await self._ensure_backends([name])
+        try:
+            await self._ensure_backends([name])
+        except DBAPIError as exc:
+            if self._is_locked(exc):  # a SQLite file another process keeps locked: say so
+                raise self._locked_error(self.busy_timeout) from None
+            raise
         return self._backend_ids[name]
 
     async def _begin_write(self, conn: AsyncConnection, *, exclusive: bool = True) -> AsyncConnection:
