@@ -8,6 +8,8 @@ works from an installed package (an editable install or a checkout uses
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from functools import cache
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -68,7 +70,27 @@ def _upgrade(connection: Connection, config: Config, revision: str) -> None:
     command.upgrade(config, revision)
 
 
+_upgrade_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+#: pg_advisory_xact_lock key of schema changes: "sg-migr" as an int64
+_MIGRATE_LOCK_KEY = int.from_bytes(b"sg-migr", "big")
+
+
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
-    """Bring the database to ``revision`` (by default the latest), in one transaction."""
-    async with engine.begin() as connection:
+    """Bring the database to ``revision`` (by default the latest), in one transaction.
+
+    On PostgreSQL the transaction first takes an advisory lock, so that processes
+    started together on a fresh database (a dispatcher and a CLI command) create the
+    schema once: the second waits, then finds it at the revision and does nothing.
+    """
+    # Alembic keeps its migration context in module globals: one upgrade at a time per process.
+    loop = asyncio.get_running_loop()
+    lock = _upgrade_locks.get(loop)
+    if lock is None:
+        lock = _upgrade_locks[loop] = asyncio.Lock()
+    async with lock, engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATE_LOCK_KEY})
         await connection.run_sync(_upgrade, alembic_config(), revision)

@@ -424,6 +424,11 @@ class Store:
             try:
                 await _migrate.upgrade(self.engine)
             except (SQLAlchemyError, OSError) as exc:
+                # another process may have created it at the same moment (SQLite: "table ... already
+                # exists"): what counts is that the schema is there now
+                with contextlib.suppress(SQLAlchemyError, OSError):
+                    if await _migrate.current_revision(self.engine) == head:
+                        return
                 raise self._error("cannot create the schema in", exc) from None
             return
         if current is None:

@@ -120,3 +120,20 @@ async def test_0002_keeps_the_rows_of_0001(db_url: str, engine: AsyncEngine) -> 
     async with Store(db_url, create=False) as store:
         (instance,) = await store.list_instances()
         assert instance.name == "vm1" and instance.owned and instance.backend == "b1"
+
+
+@pytest.mark.timeout(60)
+async def test_stores_opened_together_on_a_fresh_database_create_the_schema_once(db_url: str) -> None:
+    """A dispatcher and a CLI command started together on a new database: both open, one schema."""
+    import asyncio
+
+    stores = [Store(db_url) for _ in range(3)]
+    try:
+        await asyncio.gather(*(store.open() for store in stores))
+        for store in stores:
+            assert await current_revision(store.engine) == head_revision()
+        await stores[0].add_request({"name": "x"}, name="x")
+        assert len(await stores[2].list_requests()) == 1
+    finally:
+        for store in stores:
+            await store.close()
