@@ -41,8 +41,9 @@ def new_dispatcher_id() -> str:
 
 
 def _key(what: str) -> int:
-    """A signed 64-bit advisory-lock key for a name."""
-    return int.from_bytes(hashlib.blake2b(what.encode(), digest_size=8).digest(), "big", signed=True)
+    """A signed 32-bit advisory-lock key for a name (the other half is the database's name: advisory
+    locks are the whole server's, and two databases on one server must not share them)."""
+    return int.from_bytes(hashlib.blake2b(what.encode(), digest_size=4).digest(), "big", signed=True)
 
 
 class DispatcherLock:
@@ -70,7 +71,10 @@ class DispatcherLock:
     async def _locked_connection(self) -> AsyncConnection:
         conn = await self.store.engine.connect()
         try:
-            await conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _key(f"dispatcher:{self.id}")})
+            await conn.execute(
+                text("SELECT pg_advisory_lock(hashtext(current_database()), :k)"),
+                {"k": _key(f"dispatcher:{self.id}")},
+            )
             await conn.commit()
         except Exception:
             await conn.close()
@@ -143,7 +147,10 @@ class DispatcherLock:
         try:
             async with self._mutex:
                 taken = (
-                    await conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _key(name)})
+                    await conn.execute(
+                        text("SELECT pg_try_advisory_lock(hashtext(current_database()), :k)"),
+                        {"k": _key(name)},
+                    )
                 ).scalar_one()
                 await conn.commit()
         except Exception as exc:
@@ -156,7 +163,9 @@ class DispatcherLock:
     async def _unlock(self, name: str) -> None:
         conn = self._connection()
         async with self._mutex:
-            await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _key(name)})
+            await conn.execute(
+                text("SELECT pg_advisory_unlock(hashtext(current_database()), :k)"), {"k": _key(name)}
+            )
             await conn.commit()
 
     def _connection(self) -> AsyncConnection:

@@ -74,8 +74,8 @@ _upgrade_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Loc
     weakref.WeakKeyDictionary()
 )
 
-#: pg_advisory_xact_lock key of schema changes: "sg-migr" as an int64
-_MIGRATE_LOCK_KEY = int.from_bytes(b"sg-migr", "big")
+#: pg_advisory_xact_lock key of schema changes, with the database's name hashed: "sgmi"
+_MIGRATE_LOCK_KEY = int.from_bytes(b"sgmi", "big")
 
 
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
@@ -92,5 +92,8 @@ async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
         lock = _upgrade_locks[loop] = asyncio.Lock()
     async with lock, engine.begin() as connection:
         if connection.dialect.name == "postgresql":
-            await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATE_LOCK_KEY})
+            await connection.execute(
+                text("SELECT pg_advisory_xact_lock(hashtext(current_database()), :key)"),
+                {"key": _MIGRATE_LOCK_KEY},
+            )
         await connection.run_sync(_upgrade, alembic_config(), revision)

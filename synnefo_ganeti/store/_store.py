@@ -93,7 +93,9 @@ T = TypeVar("T")
 
 NOTIFY_CHANNEL = "synnefo_ganeti_events"
 # pg_advisory_xact_lock key of the writers: "sg-write" as an int64
-_WRITE_LOCK_KEY = int.from_bytes(b"sg-write", "big") & 0x7FFF_FFFF_FFFF_FFFF
+# (the database's own name hashed, "sgwr"): advisory locks are the whole server's, so the
+# database's name keeps stores of different databases on one server out of each other's way
+_WRITE_LOCK_KEY = int.from_bytes(b"sgwr", "big")
 
 _JSON_OPTIONS: dict[str, Any] = {
     "json_serializer": lambda value: orjson.dumps(value).decode(),
@@ -1592,7 +1594,7 @@ _STORED_JOBS = select(
 )
 _INSERT_JOB = insert(jobs_t)
 _INSERT_EVENTS = insert(events_t)
-_WRITE_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+_WRITE_LOCK = text("SELECT pg_advisory_xact_lock(hashtext(current_database()), :key)")
 _NOTIFY = text("SELECT pg_notify(:channel, '')")
 
 _UPDATE_JOB = (

@@ -945,7 +945,9 @@ async def test_postgresql_writer_retries_when_its_connection_dies_mid_write(pg_u
         await store_all(store, versions[:5])
         admin = await asyncpg.connect(pg_url, timeout=5)
         try:
-            await admin.execute("SELECT pg_advisory_lock($1)", _WRITE_LOCK_KEY)  # as another writer would
+            await admin.execute(
+                "SELECT pg_advisory_lock(hashtext(current_database()), $1)", _WRITE_LOCK_KEY
+            )  # a writer
             for version in versions[5:]:
                 await store.put(JobVersion(BACKEND, version))
             await wait_until(lambda: admin.fetchval(f"SELECT count(*) > 0 {waiting_for_lock}"))
@@ -957,7 +959,9 @@ async def test_postgresql_writer_retries_when_its_connection_dies_mid_write(pg_u
 
             await wait_until(retried)
             assert (await one_job(store)).status is JobStatus.RUNNING  # nothing of the batch went in
-            await admin.execute("SELECT pg_advisory_unlock($1)", _WRITE_LOCK_KEY)
+            await admin.execute(
+                "SELECT pg_advisory_unlock(hashtext(current_database()), $1)", _WRITE_LOCK_KEY
+            )
         finally:
             await admin.close()
         async with asyncio.timeout(WAIT):
