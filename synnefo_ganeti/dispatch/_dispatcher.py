@@ -570,39 +570,58 @@ class Dispatcher(BackendResources):
             log.warning("cannot look for requests of dead dispatchers (%s)", exc)
 
     async def _process(self, request: Request) -> None:
-        delay = 0.5
-        try:
-            while True:
-                fresh = await self.store.get_request(request.id)
-                if fresh is None or fresh.is_final or fresh.claimed_by != self.id:
-                    return
-                request = fresh
-                if request.placed:  # before a cancel: the create may be in Ganeti already
-                    if await self._recover(request):
-                        return
-                    continue  # Ganeti has nothing of it: place it again (or cancel it)
-                if request.cancel_requested:
-                    await self._cancel(request)
-                    return
-                outcome = await self._place_and_submit(request)
-                if outcome is None:
-                    return
+        """Work on one claimed request until it is submitted or ended (or no longer ours).
+
+        A database that fails under it (a restart) does not drop it: the request stays
+        claimed by this live dispatcher, so nobody else would take it; it is worked on again
+        once the database answers, from what the database then says (a create sent before
+        the failure is found in Ganeti by its request id, not sent again)."""
+        outage = 0.5
+        while True:
+            try:
+                await self._work_on(request)
+                return
+            except RequestNotHeldError as exc:
+                log.info("request %s: %s", request.id, exc)
+                return
+            except GanetiError as exc:
                 if not self._claiming:
-                    return  # stopping: a placed request is picked up by the next dispatcher
-                self.stats.placement_retries += 1
-                age = time.time() - request.created_at.timestamp()
-                if age > self.settings.dispatcher.placement_timeout:
-                    await self._fail(
-                        request,
-                        f"not placed within {self.settings.dispatcher.placement_timeout:g} s: {outcome}",
-                    )
+                    log.warning("request %s: %s; stopping: the next dispatcher takes it up", request.id, exc)
                     return
-                await self._pause(delay)
-                delay = min(delay * 2, 10.0)
-        except RequestNotHeldError as exc:
-            log.info("request %s: %s", request.id, exc)
-        except GanetiError as exc:  # the database is down past the writer's retries, say
-            log.warning("request %s: %s; it stays claimed and is taken up again on restart", request.id, exc)
+                log.warning("request %s: %s; trying again in %g s", request.id, exc, outage)
+                self._check_since.setdefault(request.id, time.monotonic())
+                await self._pause(outage)
+                outage = min(outage * 2, 10.0)
+
+    async def _work_on(self, request: Request) -> None:
+        delay = 0.5
+        while True:
+            fresh = await self.store.get_request(request.id)
+            if fresh is None or fresh.is_final or fresh.claimed_by != self.id:
+                return
+            request = fresh
+            if request.placed:  # before a cancel: the create may be in Ganeti already
+                if await self._recover(request):
+                    return
+                continue  # Ganeti has nothing of it: place it again (or cancel it)
+            if request.cancel_requested:
+                await self._cancel(request)
+                return
+            outcome = await self._place_and_submit(request)
+            if outcome is None:
+                return
+            if not self._claiming:
+                return  # stopping: a placed request is picked up by the next dispatcher
+            self.stats.placement_retries += 1
+            age = time.time() - request.created_at.timestamp()
+            if age > self.settings.dispatcher.placement_timeout:
+                await self._fail(
+                    request,
+                    f"not placed within {self.settings.dispatcher.placement_timeout:g} s: {outcome}",
+                )
+                return
+            await self._pause(delay)
+            delay = min(delay * 2, 10.0)
 
     async def _place_and_submit(self, request: Request) -> str | None:
         """None when the request is done with (submitted, failed); else why to try again later."""
