@@ -613,6 +613,11 @@ class Dispatcher(BackendResources):
             if not self._claiming:
                 return  # stopping: a placed request is picked up by the next dispatcher
             self.stats.placement_retries += 1
+            if request.id in self._check_since:
+                # maybe sent: Ganeti is asked (next round) before the request may fail or go elsewhere
+                await self._pause(delay)
+                delay = min(delay * 2, 10.0)
+                continue
             age = time.time() - request.created_at.timestamp()
             if age > self.settings.dispatcher.placement_timeout:
                 await self._fail(
