@@ -659,7 +659,7 @@ class Dispatcher(BackendResources):
             async with entry.submit_slots:
                 job_id = await client.create_instance(submitted, request_id=request.id)
         except CreateOutcomeUnknownError as exc:
-            self._check_since[request.id] = time.monotonic()
+            self._check_since[request.id] = _settled_after(client)
             self.allocator.release(reservation)
             metrics.SUBMISSIONS.labels(name, "unknown").inc()
             log.warning(
@@ -679,7 +679,7 @@ class Dispatcher(BackendResources):
             if is_transient(exc):
                 # Sent, maybe: the client's own look found nothing, but a slow Ganeti may take it
                 # yet. The request stays placed; _recover asks Ganeti again before it goes elsewhere.
-                self._check_since[request.id] = time.monotonic()
+                self._check_since[request.id] = _settled_after(client)
                 view = self.allocator.view(name)
                 self.allocator.update(_replace(view, refusing_until=time.monotonic() + REFUSING_SECONDS))
                 metrics.SUBMISSIONS.labels(name, "unknown").inc()
@@ -742,8 +742,12 @@ class Dispatcher(BackendResources):
             return True
         client = await self.client(name)
         wanted = f"{REASON_PREFIX}{request.id}"
+        since = self._check_since.pop(request.id, time.monotonic())
+        if since > time.monotonic():
+            await self._pause(since - time.monotonic())
+            if not self._claiming:
+                return True  # stopping: still placed, the next dispatcher asks Ganeti
         try:
-            since = self._check_since.pop(request.id, time.monotonic())
             job_id = (await self._jobs_by_reason(name, client, since)).get(wanted)
             if job_id is not None:
                 log.warning(
@@ -950,6 +954,13 @@ class Dispatcher(BackendResources):
         while True:
             self.notifier.watchdog()
             await asyncio.sleep(interval)
+
+
+def _settled_after(client: RapiClient) -> float:
+    """When a create whose answer was lost is surely in Ganeti's job list if Ganeti took it: a
+    ganeti-rapi slower than our timeout may still be queueing it, and asking before it is done
+    would find nothing and send the create again."""
+    return time.monotonic() + min(float(client.timeout), 60.0)
 
 
 def _replace(view: BackendView, **changes: Any) -> BackendView:
