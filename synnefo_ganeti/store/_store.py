@@ -28,6 +28,8 @@ import contextlib
 import functools
 import logging
 import os
+import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -374,10 +376,10 @@ class Store:
             # Transactions are ours to begin (below), not the sqlite3 module's.
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+            cursor.execute("PRAGMA journal_mode=WAL")  # a no-op: open() converted the file already
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
             cursor.close()
 
         @event.listens_for(engine, "begin")
@@ -392,12 +394,16 @@ class Store:
             return
         if self.dialect == "sqlite":
             self._check_sqlite_folder()
-        self._engine = self._make_engine()
+            database = self.url.database
+            if database not in (None, "", ":memory:"):
+                await asyncio.to_thread(_sqlite_to_wal, str(database), self.busy_timeout, self.display_url)
+        engine = self._engine = self._make_engine()
         try:
             await self._check_schema()
         except BaseException:
-            await self._engine.dispose()
-            self._engine = None
+            await engine.dispose()
+            if self._engine is engine:
+                self._engine = None
             raise
         self._make_sync_writer()
         self._queue = asyncio.Queue(self._queue_size)
@@ -1727,6 +1733,37 @@ def _instance(conn: Connection, backend_id: int, backend: str, name: str) -> Sto
     if row is None:
         raise StoreError(f"instance {name} of backend {backend} is not in the database")
     return StoredInstance.from_row(row, backend)
+
+
+_wal_lock = threading.Lock()
+
+
+def _sqlite_to_wal(path: str, busy_timeout: float, display: str) -> None:
+    """Put a SQLite file in WAL mode before any of the store's connections use it.
+
+    Switching a file to WAL needs it to itself: connections that each switched it as they
+    opened (several stores, or a dispatcher and a CLI command, on a fresh file) could hold
+    each other off until the busy timeout. Here the switch is made once, on a connection
+    of its own, one at a time in this process, and tried again while another process has
+    the file locked; a file in WAL mode already costs one pragma.
+    """
+    deadline = time.monotonic() + busy_timeout
+    with _wal_lock:
+        while True:
+            try:
+                connection = sqlite3.connect(path, timeout=busy_timeout)
+                try:
+                    mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()
+                finally:
+                    connection.close()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise StoreError(f"cannot open database {display}: {exc}", url=display) from None
+                time.sleep(0.05)
+                continue
+            if mode and str(mode[0]).lower() != "wal":
+                log.warning("database %s stays in journal mode %s (WAL not possible here)", display, mode[0])
+            return
 
 
 def _add_instance(
