@@ -40,28 +40,20 @@ from typing import Any
 
 import orjson
 
-from synnefo_ganeti import ControlPlane, GanetiError, InstanceSpec, RetryPolicy
-from synnefo_ganeti.config import BackendSettings, Settings
+from synnefo_ganeti import ControlPlane, GanetiError
+from synnefo_ganeti.config import Settings
 from synnefo_ganeti.dispatch import Dispatcher
-from synnefo_ganeti.metrics import REGISTRY
 from synnefo_ganeti.store import RequestStatus, Store
-from synnefo_ganeti.testing import ChaosProxy, FakeGaneti
+from synnefo_ganeti.testing import FakeGaneti
 
-POLICY = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.02)
-QUICK = {"OP_INSTANCE_CREATE": 0.01, "OP_INSTANCE_STARTUP": 0.01}
-#: name -> (fake fault kind or None, proxy mode arguments, TLS, the create reaches Ganeti first)
-CASES: dict[str, tuple[str | None, dict[str, Any], bool, bool]] = {
-    "502": ("502", {}, False, False),
-    "503": ("503", {}, False, False),
-    "504": ("504", {}, False, False),
-    "reset": (None, {"mode": "reset", "forward": True}, False, True),
-    "refused": (None, {"mode": "refuse"}, False, False),
-    "hang": (None, {"mode": "hang", "forward": True}, False, True),
-    "slow_body": ("slow_body", {}, False, False),
-    "malformed_json": ("malformed_json", {}, False, False),
-    "401": ("401", {}, False, False),
-    "tls_mismatch": (None, {"mode": "pass"}, True, False),
-}
+HERE = Path(__file__).resolve()
+sys.path[:0] = [str(HERE.parent.parent)]  # the checkout, for the matrix the tests share
+
+from tests._fault_matrix import CASES, POLICY, QUICK, create_jobs, scene, spec  # noqa: E402
+from tests._fault_matrix import rapi_requests as requests_of  # noqa: E402
+
+CASE = {case.name: case for case in CASES}
+
 ONCE_FAULTS = ("502", "503", "504", "reset", "hang", "slow_body")  # retrying gets past one of these
 
 
@@ -77,85 +69,9 @@ async def until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def requests_of(backend: str, method: str | None = None, *, failed: bool = False) -> float:
-    total = 0.0
-    for metric in REGISTRY.collect():
-        if metric.name != "synnefo_ganeti_rapi_requests":
-            continue
-        for sample in metric.samples:
-            labels = sample.labels
-            if not sample.name.endswith("_total") or labels["backend"] != backend:
-                continue
-            if (method is None or labels["method"] == method) and not (failed and labels["outcome"] == "ok"):
-                total += sample.value
-    return total
-
-
-def create_jobs(rid: str, *fakes: FakeGaneti) -> int:
-    wanted = f"synnefo-ganeti:{rid}"
-    return sum(
-        1
-        for fake in fakes
-        for job in fake.cluster.jobs.values()
-        for op in job.ops
-        if op.op_id == "OP_INSTANCE_CREATE"
-        and any(item[0] == "gnt:user" and item[1] == wanted for item in op.luxid.get("reason", []))
-    )
-
-
-def spec(name: str) -> InstanceSpec:
-    return InstanceSpec(name=name, disk_template="diskless", os="noop", beparams={"memory": 128})
-
-
-class Scene:
-    """A fake behind a proxy (and, for a certificate mismatch, an impostor the proxy can lead to)."""
-
-    def __init__(self, case: str, timeout: float) -> None:
-        self.case = case
-        self.kind, self.proxy_mode, self.tls, self.sent = CASES[case]
-        self.timeout = timeout
-        self.faults: list[Any] = []
-        self.stack = AsyncExitStack()
-
-    async def __aenter__(self) -> Scene:
-        options: dict[str, Any] = {"tls": self.tls, "op_times": QUICK}
-        self.fake = await self.stack.enter_async_context(FakeGaneti(**options))
-        self.impostor = await self.stack.enter_async_context(FakeGaneti(**options)) if self.tls else None
-        self.proxy = await self.stack.enter_async_context(ChaosProxy("127.0.0.1", self.fake.port))
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stack.aclose()
-
-    def settings(self, name: str) -> BackendSettings:
-        return BackendSettings(
-            name=name, url=self.proxy.url_for(self.fake), username=self.fake.username,
-            password=self.fake.password, fingerprint=self.fake.fingerprint, timeout=self.timeout,
-        )  # fmt: skip
-
-    def break_(self, *, method: str | None = None, path: str | None = None, times: int | None = None) -> None:
-        if self.kind is not None:
-            self.faults.append(
-                self.fake.inject_fault(self.kind, method=method, path=path, times=times, delay=0.2)
-            )
-        elif self.impostor is not None:
-            self.proxy.retarget("127.0.0.1", self.impostor.port)
-        else:
-            mode = dict(self.proxy_mode)
-            self.proxy.set_mode(mode.pop("mode"), times=times, **mode)
-
-    def mend(self) -> None:
-        self.fake.clear_faults()
-        self.proxy.retarget("127.0.0.1", self.fake.port)
-        self.proxy.set_mode("pass")
-
-    def fakes(self) -> list[FakeGaneti]:
-        return [self.fake] + ([self.impostor] if self.impostor is not None else [])
-
-
 async def read_case(case: str, timeout: float) -> dict[str, Any]:
     name = f"bench-read-{case}"
-    async with Scene(case, timeout) as s, s.settings(name).rapi_client(timeout=timeout, retry=POLICY) as rapi:
+    async with scene(CASE[case], timeout=timeout) as s, s.client(name) as rapi:
         await rapi.info()
         connections, before = s.proxy.connections, requests_of(name, "GET")
         s.break_()
@@ -183,7 +99,7 @@ async def read_case(case: str, timeout: float) -> dict[str, Any]:
 
 async def create_case(case: str, timeout: float) -> dict[str, Any]:
     name, rid = f"bench-create-{case}", f"bench-{case}"
-    async with Scene(case, timeout) as s, s.settings(name).rapi_client(timeout=timeout, retry=POLICY) as rapi:
+    async with scene(CASE[case], timeout=timeout) as s, s.client(name) as rapi:
         posts = requests_of(name, "POST")
         if case in ONCE_FAULTS:
             s.break_(method="POST", path="/2/instances", times=1)
@@ -207,8 +123,8 @@ async def dispatcher_case(case: str, timeout: float, count: int, folder: Path) -
     faulty, healthy = f"bench-faulty-{case}", f"bench-healthy-{case}"
     db_url = f"sqlite:///{folder / f'{case}.db'}"
     async with (
-        Scene(case, timeout) as s,
-        FakeGaneti(tls=s.tls, op_times=QUICK) as other,
+        scene(CASE[case], timeout=timeout) as s,
+        FakeGaneti(tls=s.case.tls, op_times=QUICK) as other,
         AsyncExitStack() as stack,
     ):
         good = {"name": healthy, "url": other.url, "username": other.username, "password": other.password,
@@ -240,13 +156,13 @@ async def dispatcher_case(case: str, timeout: float, count: int, folder: Path) -
             await until(
                 lambda: all(dispatcher.allocator.view(n).stats_at is not None for n in (faulty, healthy))
             )
-            if s.kind is not None:
+            if s.case.fake_kind is not None:
                 s.break_(method="POST", path="/2/instances")
             else:
                 s.break_()
             started = time.perf_counter()
             ids = [await cp.request_instance(spec(f"vm{i}.example")) for i in range(count)]
-            if s.sent:  # creates whose fate is unknown wait for the backend to answer again
+            if s.case.sent:  # creates whose fate is unknown wait for the backend to answer again
                 await until(lambda: requests_of(faulty, "POST", failed=True) > 0)
                 s.mend()
             done = [await cp.wait_request(rid, timeout=30) for rid in ids]
@@ -286,14 +202,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--cases", default=",".join(CASE), help=f"comma-separated, of: {', '.join(CASE)}")
     parser.add_argument("--timeout", type=float, default=0.3, help="seconds per request (default 0.3)")
     parser.add_argument("--requests", type=int, default=6, help="requests through the dispatcher (default 6)")
     args = parser.parse_args(argv)
     args.cases = [c for c in args.cases.split(",") if c]
-    unknown = [c for c in args.cases if c not in CASES]
+    unknown = [c for c in args.cases if c not in CASE]
     if unknown or not args.cases:
-        parser.error(f"unknown case(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(CASES)}")
+        parser.error(f"unknown case(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(CASE)}")
     if args.requests < 1 or args.timeout <= 0:
         parser.error("--requests must be >= 1 and --timeout > 0")
     return args

@@ -18,95 +18,37 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiohttp import web
 
 from synnefo_ganeti import (
-    AuthenticationError,
     ControlPlane,
     GanetiError,
-    InstanceSpec,
     JobStatus,
     RapiClient,
-    RapiConnectionError,
-    RapiError,
-    RapiTimeoutError,
-    RetryPolicy,
-    TLSError,
-    UnavailableError,
 )
-from synnefo_ganeti.config import BackendSettings, Settings
+from synnefo_ganeti.config import Settings
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.metrics import REGISTRY
 from synnefo_ganeti.store import RequestStatus, Store
-from synnefo_ganeti.testing import ChaosProxy, FakeGaneti
+from synnefo_ganeti.testing import FakeGaneti
+from tests._fault_matrix import (
+    CASES,
+    IDS,
+    POLICY,
+    QUICK,
+    TIMEOUT,
+    Case,
+    create_jobs,
+    rapi_requests,
+    scene,
+    spec,
+)
 from tests.helpers import PASSWORD, USER, StubRapi, json_response
-
-POLICY = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.02)
-TIMEOUT = 0.3  # per request; the hang and the slow body outlast it
-QUICK = {"OP_INSTANCE_CREATE": 0.01, "OP_INSTANCE_STARTUP": 0.01}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One fault: where it comes from, how to cause it, what a read must end in."""
-
-    name: str
-    error: type[GanetiError]
-    attempts: int  # tries of one read: POLICY.attempts when retried, else 1
-    fake_kind: str | None = None  # FakeGaneti.inject_fault kind
-    proxy: dict[str, Any] = field(default_factory=dict)  # ChaosProxy.set_mode arguments
-    tls: bool = False
-    sent: bool = False  # a create reaches Ganeti before the fault (its answer is lost)
-
-
-CASES = [
-    Case("502", UnavailableError, POLICY.attempts, fake_kind="502"),
-    Case("503", UnavailableError, POLICY.attempts, fake_kind="503"),
-    Case("504", UnavailableError, POLICY.attempts, fake_kind="504"),
-    Case("reset", RapiConnectionError, POLICY.attempts, proxy={"mode": "reset", "forward": True}, sent=True),
-    Case("refused", RapiConnectionError, POLICY.attempts, proxy={"mode": "refuse"}),
-    Case("hang", RapiTimeoutError, POLICY.attempts, proxy={"mode": "hang", "forward": True}, sent=True),
-    Case("slow_body", RapiTimeoutError, POLICY.attempts, fake_kind="slow_body"),
-    Case("malformed_json", RapiError, 1, fake_kind="malformed_json"),
-    Case("401", AuthenticationError, 1, fake_kind="401"),
-    Case("tls_mismatch", TLSError, 1, proxy={"mode": "pass"}, tls=True),
-]
-IDS = [case.name for case in CASES]
-
-
-def spec(name: str) -> InstanceSpec:
-    return InstanceSpec(name=name, disk_template="diskless", os="noop", beparams={"memory": 128})
-
-
-def rapi_requests(backend: str, method: str | None = None) -> float:
-    """``synnefo_ganeti_rapi_requests_total`` of ``backend`` (one method, or all), every outcome."""
-    total = 0.0
-    for metric in REGISTRY.collect():
-        if metric.name != "synnefo_ganeti_rapi_requests":
-            continue
-        for sample in metric.samples:
-            labels = sample.labels
-            wanted = method is None or labels["method"] == method
-            if sample.name.endswith("_total") and labels["backend"] == backend and wanted:
-                total += sample.value
-    return total
-
-
-def failed_rapi_requests(backend: str) -> float:
-    return rapi_requests(backend) - sum(
-        REGISTRY.get_sample_value(
-            "synnefo_ganeti_rapi_requests_total", {"backend": backend, "method": method, "outcome": "ok"}
-        )
-        or 0.0
-        for method in ("GET", "POST", "PUT", "DELETE")
-    )
 
 
 def submissions(backend: str, outcome: str) -> float:
@@ -114,84 +56,6 @@ def submissions(backend: str, outcome: str) -> float:
         "synnefo_ganeti_submissions_total", {"backend": backend, "outcome": outcome}
     )
     return value or 0.0
-
-
-def create_jobs(rid: str, *fakes: FakeGaneti) -> int:
-    """Create jobs carrying request id ``rid``, over all ``fakes``."""
-    wanted = f"synnefo-ganeti:{rid}"
-    return sum(
-        1
-        for fake in fakes
-        for job in fake.cluster.jobs.values()
-        for op in job.ops
-        if op.op_id == "OP_INSTANCE_CREATE"
-        and any(item[0] == "gnt:user" and item[1] == wanted for item in op.luxid.get("reason", []))
-    )
-
-
-@dataclass
-class Scene:
-    """A faulty backend: a fake behind a proxy, ready to break as ``case`` says.
-
-    ``fake`` is the one the backend's settings trust; with ``tls_mismatch`` the proxy
-    leads to ``impostor``, another fake with its own certificate.
-    """
-
-    case: Case
-    fake: FakeGaneti
-    proxy: ChaosProxy
-    impostor: FakeGaneti | None = None
-    faults: list[Any] = field(default_factory=list)
-
-    def settings(self, name: str) -> BackendSettings:
-        return BackendSettings(
-            name=name,
-            url=self.proxy.url_for(self.fake),
-            username=self.fake.username,
-            password=self.fake.password,
-            fingerprint=self.fake.fingerprint,
-            timeout=TIMEOUT,
-        )
-
-    def client(self, name: str) -> RapiClient:
-        """A client made the way the dispatcher makes them: from the backend's settings."""
-        return self.settings(name).rapi_client(timeout=TIMEOUT, retry=POLICY)
-
-    def break_(self, *, method: str | None = None, path: str | None = None, times: int | None = None) -> None:
-        case = self.case
-        if case.fake_kind is not None:
-            self.faults.append(
-                self.fake.inject_fault(case.fake_kind, method=method, path=path, times=times, delay=0.2)
-            )
-        elif case.name == "tls_mismatch":
-            assert self.impostor is not None
-            self.proxy.retarget("127.0.0.1", self.impostor.port)
-        else:
-            mode = dict(case.proxy)
-            self.proxy.set_mode(mode.pop("mode"), times=times, **mode)
-
-    def mend(self) -> None:
-        self.fake.clear_faults()
-        self.proxy.retarget("127.0.0.1", self.fake.port)
-        self.proxy.set_mode("pass")
-
-    def seen(self) -> int:
-        """Tries that reached the fault: the fake's fault hits, else the proxy's connections."""
-        if self.faults:
-            return sum(fault.hits for fault in self.faults)
-        return self.proxy.connections
-
-
-@asynccontextmanager
-async def scene(case: Case, **fake_options: Any) -> AsyncIterator[Scene]:
-    options: dict[str, Any] = {"tls": case.tls, "op_times": QUICK} | fake_options
-    async with AsyncExitStack() as stack:
-        fake = await stack.enter_async_context(FakeGaneti(**options))
-        impostor = None
-        if case.name == "tls_mismatch":
-            impostor = await stack.enter_async_context(FakeGaneti(**options))
-        proxy = await stack.enter_async_context(ChaosProxy("127.0.0.1", fake.port))
-        yield Scene(case, fake, proxy, impostor)
 
 
 # -- (a) a read: bounded tries, a typed error naming the backend ------------------------------------
@@ -297,7 +161,7 @@ async def test_the_dispatcher_routes_around_a_faulty_backend(case: Case, tmp_pat
             },
         )
         before = {
-            "rapi_failed": failed_rapi_requests(faulty),
+            "rapi_failed": rapi_requests(faulty, failed=True),
             "submissions": sum(submissions(faulty, o) for o in ("refused", "error", "unknown")),
         }
         async with AsyncExitStack() as stack:
@@ -340,13 +204,13 @@ async def test_the_dispatcher_routes_around_a_faulty_backend(case: Case, tmp_pat
                 dispatcher.stop()
                 await task
         assert [r.status for r in done] == [RequestStatus.SUCCEEDED] * REQUESTS, [r.error for r in done]
-        fakes = [s.fake, other] + ([s.impostor] if s.impostor is not None else [])
+        fakes = [*s.fakes(), other]
         assert [create_jobs(rid, *fakes) for rid in ids] == [1] * REQUESTS  # none lost, none twice
         assert sum(len(fake.cluster.instances) for fake in fakes) == REQUESTS
         if not case.sent:
             assert {r.backend for r in done} == {healthy}
             assert not s.fake.cluster.instances
-        assert failed_rapi_requests(faulty) > before["rapi_failed"]
+        assert rapi_requests(faulty, failed=True) > before["rapi_failed"]
 
 
 async def test_a_create_answered_with_garbage_after_ganeti_took_it_is_found_not_sent_again() -> None:
