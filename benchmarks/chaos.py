@@ -123,8 +123,8 @@ async def open_requests(db_url: str) -> int:
     from synnefo_ganeti.store import RequestStatus, Store
 
     async with Store(db_url) as store:
-        counts = await store.request_counts()
-    return sum(n for (_, status), n in counts.items() if not RequestStatus(status).is_final)
+        counts = await store.request_counts(status=[RequestStatus.PENDING, RequestStatus.SUBMITTED])
+    return sum(counts.values())
 
 
 async def ganeti_state(worlds: dict[str, dict[str, Any]]) -> dict[str, Any]:

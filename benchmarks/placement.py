@@ -370,13 +370,13 @@ async def drive_dispatcher(strategy: str, fakes: Fakes, args: argparse.Namespace
                 dispatcher.wake()
                 requests.append(Request(index=i, spec=spec, request_id=request_id))
             written = time.perf_counter() - started
-            while True:
-                counts = await store.request_counts()
-                ended = sum(n for (_, status), n in counts.items() if RequestStatus(status).is_final)
-                if ended >= args.requests or time.perf_counter() - started > DEADLINE:
+            still_open = [RequestStatus.PENDING, RequestStatus.SUBMITTED]
+            while time.perf_counter() - started <= DEADLINE:
+                if not await store.request_counts(status=still_open):
                     break
                 await asyncio.sleep(0.05)
             seen = time.perf_counter() - started
+            counts = await store.request_counts()
             statuses = Counter(status for (_, status), n in counts.items() for _ in range(n))
             learned = {name: round(dispatcher.allocator.create_seconds(name), 3) for name in fakes.worlds}
             stats = dispatcher.stats.to_json()

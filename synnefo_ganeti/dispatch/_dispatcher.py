@@ -928,10 +928,8 @@ class Dispatcher(BackendResources):
     async def _metrics_loop(self) -> None:
         while True:
             with contextlib.suppress(GanetiError):
-                counts = await self.store.request_counts()
-                metrics.REQUESTS_PENDING.set(
-                    sum(n for (_, status), n in counts.items() if status == RequestStatus.PENDING)
-                )
+                counts = await self.store.request_counts(status=[RequestStatus.PENDING])
+                metrics.REQUESTS_PENDING.set(sum(counts.values()))
             await asyncio.sleep(5.0)
 
     async def _lock_loop(self) -> None:

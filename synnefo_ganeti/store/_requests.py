@@ -530,14 +530,19 @@ def list_requests(
     return [Request.from_row(row) for row in conn.execute(query)]
 
 
-def counts(conn: Connection) -> dict[tuple[str | None, str], int]:
-    """(backend name or None, status) -> how many requests."""
-    rows = conn.execute(
+def counts(
+    conn: Connection, statuses: Sequence[RequestStatus] | None = None
+) -> dict[tuple[str | None, str], int]:
+    """(backend name or None, status) -> how many requests (of ``statuses`` only, if given)."""
+    query = (
         select(backends_t.c.name, requests_t.c.status, func.count())
         .select_from(requests_t)
         .outerjoin(backends_t, backends_t.c.id == requests_t.c.backend_id)
         .group_by(backends_t.c.name, requests_t.c.status)
     )
+    if statuses:
+        query = query.where(requests_t.c.status.in_([s.value for s in statuses]))
+    rows = conn.execute(query)
     return {(row[0], row[1]): int(row[2]) for row in rows}
 
 

@@ -1321,9 +1321,13 @@ class Store:
             )
         )
 
-    async def request_counts(self) -> dict[tuple[str | None, str], int]:
-        """(backend or None, status) -> number of requests."""
-        return await self.call_read(_requests.counts)
+    async def request_counts(
+        self, *, status: Iterable[RequestStatus | str] | None = None
+    ) -> dict[tuple[str | None, str], int]:
+        """(backend or None, status) -> number of requests; ``status`` counts only those (an
+        index serves it: cheap to poll for the open ones while the final ones pile up)."""
+        statuses = [RequestStatus(s) for s in status] if status is not None else None
+        return await self.call_read(lambda conn: _requests.counts(conn, statuses))
 
     async def claim_requests(self, dispatcher: str, limit: int = 100) -> list[Request]:
         """Take up to ``limit`` pending requests nobody holds (PostgreSQL: SKIP LOCKED)."""
