@@ -52,6 +52,7 @@ ROOT = HERE.parent.parent
 sys.path[:0] = [str(HERE.parent), str(ROOT)]  # _databases, and the tests' cases and helpers
 
 from asyncinotify import Mask  # noqa: E402
+from tests._watch import lifecycle, rename_into_place, temp_name, write_version  # noqa: E402
 from tests.unit.test_bad_input import (  # noqa: E402
     AFTER,
     BAD,
@@ -70,7 +71,6 @@ from tests.unit.test_bad_input import (  # noqa: E402
     password_file,
     snapshot,
 )
-from tests.unit.test_watch import lifecycle, rename_into_place, temp_name, write_version  # noqa: E402
 
 from _databases import database  # noqa: E402
 from synnefo_ganeti import metrics  # noqa: E402

@@ -11,8 +11,11 @@ not share one core with the driver's), fresh ones for each strategy:
 * M: 4 nodes of 8 GiB, 100 ms;
 * L: 8 nodes of 16 GiB, 50 ms.
 
-Every create runs 0.2 s and holds its primary node's lock (the fake's engine, as
-Ganeti). Each node keeps ``mnode`` (the fake's 1,024 MiB) for itself and the instances
+Every create runs 0.2 s, all of it locked (no ``OP_INSTANCE_CREATE/disks`` phase). The fake
+locks as Ganeti does: a create naming its ``pnode`` locks that node, one without (the cluster's
+default iallocator) every node. ``--node-placement`` (default ``pnode``, the dispatcher's
+default) says who picks the node: with ``pnode`` the dispatcher does, so each node runs one
+create at a time; with ``ganeti`` each backend runs one at a time. Each node keeps ``mnode`` (the fake's 1,024 MiB) for itself and the instances
 are started (128 MiB each, ``start=True``), so S holds 48 of them, M 224 and L 960.
 With ``--no-start`` they are created stopped: a stopped instance takes no node memory
 (in the fake as in Ganeti), so only the node locks bound the makespan.
@@ -80,6 +83,7 @@ SUBMITTERS = 4  # concurrent POST /2/instances per backend
 TRACKERS = 8  # concurrent wait_for_job per backend (4 + 8 + 2 refresh GETs < ganeti-rapi's 20)
 REFRESH_INTERVAL = 2.0  # seconds between node stats reads when nothing ended
 DEADLINE = 600.0  # a run stops here whatever is left (counted as lost)
+NODE_PLACEMENT = "pnode"  # --node-placement: who picks the node inside a backend (the dispatcher's default)
 
 
 QUIET = False  # --json-only
@@ -207,7 +211,9 @@ def is_capacity_failure(failure: Any) -> bool:
         return False
     text = failure.message.lower()
     return (
-        failure.ecode == "insufficient_resources" or "not enough memory" in text or "not enough disk" in text
+        failure.ecode in ("insufficient_resources", "temp_insufficient_resources")
+        or "not enough memory" in text
+        or "not enough disk" in text
     )
 
 
@@ -238,14 +244,14 @@ async def refresher(alloc: Any, backend: Backend, tally: Tally) -> None:
 async def submitter(
     alloc: Any, backends: dict[str, Backend], todo: asyncio.Queue[Request], tally: Tally
 ) -> None:
-    from synnefo_ganeti.allocate import NoCapacityError
+    from synnefo_ganeti.allocate import NoCapacityError, chooses_nodes, placed_spec
     from synnefo_ganeti.errors import GanetiError
 
     while True:
         request = await todo.get()
         while True:
             try:
-                reservation = alloc.place(request.spec)
+                reservation = alloc.place(request.spec, nodes=chooses_nodes(request.spec, NODE_PLACEMENT))
                 break
             except NoCapacityError:
                 changed = tally.changed
@@ -255,7 +261,8 @@ async def submitter(
         request.attempts += 1
         async with backend.submit:
             try:
-                job_id = await backend.client.create_instance(request.spec, request_id=request.request_id)
+                sent = placed_spec(request.spec, reservation, NODE_PLACEMENT)
+                job_id = await backend.client.create_instance(sent, request_id=request.request_id)
             except GanetiError as exc:
                 progress(f"{backend.name}: submit failed: {exc}")
                 alloc.release(reservation)
@@ -284,6 +291,8 @@ async def tracker(alloc: Any, backend: Backend, todo: asyncio.Queue[Request], ta
         if job.end_ts is not None and job.received_ts is not None:
             seconds = job.end_ts.as_float - job.received_ts.as_float
         ok = job.status is JobStatus.SUCCESS
+        if not ok and is_capacity_failure(job.failure):
+            alloc.node_full(reservation)  # its node had no room after all: not again until fresh stats
         alloc.finished(reservation, seconds, ok=ok)
         backend.wake.set()
         if ok:
@@ -337,7 +346,7 @@ async def drive_dispatcher(strategy: str, fakes: Fakes, args: argparse.Namespace
                 for name, world in fakes.worlds.items()
             ],
             dispatcher={
-                "strategy": strategy, "status_port": None, "stats_interval": REFRESH_INTERVAL,
+                "strategy": strategy, "node_placement": NODE_PLACEMENT, "status_port": None, "stats_interval": REFRESH_INTERVAL,
                 "submit_concurrency": SUBMITTERS, "poll_interval": 0.05, "claim_batch": 100,
                 "health_interval": 5.0,
             },
@@ -551,6 +560,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     bound_capacity = water_fill(credit["rooms"], args.requests, create)
     scenario = {
         "driver": args.driver,
+        "node_placement": NODE_PLACEMENT,
         "create_s": create,
         "memory_mib": MEMORY,
         "start": args.start,
@@ -621,6 +631,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="dispatcher: durable requests through the real Dispatcher (default); "
         "direct: the compact in-benchmark driver (the Allocator and RapiClient alone)",
     )  # fmt: skip
+    parser.add_argument(
+        "--node-placement", choices=("pnode", "opportunistic", "ganeti"), default=NODE_PLACEMENT,
+        help="[dispatcher] node_placement: pnode (the default), opportunistic, or ganeti "
+        "(the direct driver: pnode or not)",
+    )  # fmt: skip
     parser.add_argument("--fake-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--nodes", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--node-memory", type=int, default=4096, help=argparse.SUPPRESS)
@@ -641,4 +656,5 @@ if __name__ == "__main__":
         asyncio.run(fake_child(arguments))
     else:
         QUIET = arguments.json_only
+        NODE_PLACEMENT = arguments.node_placement
         print(orjson.dumps(asyncio.run(main(arguments))).decode())

@@ -18,33 +18,41 @@ Durable requests (``request_instance``) only write a request row and return its 
 the dispatcher (``synnefo-ganeti dispatcher``) places, submits and records it, and
 ``wait_request`` tells how it ended. They survive crashes of the caller and of the
 dispatcher; see :mod:`synnefo_ganeti.dispatch`.
+
+Errors are typed so that a caller maps them to answers without reading messages: an
+unknown instance or request is a :class:`~synnefo_ganeti.NotFoundError`, a name taken (or
+a request id reused for another instance) a :class:`~synnefo_ganeti.ConflictError`, a
+database that cannot answer now a :class:`~synnefo_ganeti.StoreError`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Self
 
 from synnefo_ganeti import metrics
 from synnefo_ganeti._backends import BackendResources
+from synnefo_ganeti.config import Settings
 from synnefo_ganeti.errors import (
     ConfigError,
+    ConflictError,
     CreateOutcomeUnknownError,
     GanetiError,
     JobNotFoundError,
+    NotFoundError,
     RequestTimeoutError,
-    StoreError,
 )
 from synnefo_ganeti.jobs import JobStatus
-from synnefo_ganeti.rapi import InstanceSpec, RapiClient
+from synnefo_ganeti.rapi import InstanceSpec, RapiClient, RebootType
 from synnefo_ganeti.reconcile._observe import expectation, expected_beparams
 from synnefo_ganeti.store import (
     InstanceAction,
     InstanceStatus,
     Request,
     RequestStatus,
+    Store,
     StoredInstance,
 )
 
@@ -53,15 +61,59 @@ __all__ = ["ControlPlane"]
 log = logging.getLogger("synnefo_ganeti.control")
 
 
-class ControlPlane(BackendResources):
+class ControlPlane:
     """One control plane over the backends of ``settings``.
 
     ``store`` and ``clients`` (name -> open :class:`RapiClient`) may be given; what the
     control plane opens itself (the store, one pooled client per backend on first use)
-    it closes on exit.
+    it closes on exit. It holds them (a :class:`BackendResources`), it is not one.
     """
 
     _usage = "use 'async with ControlPlane(settings) as cp'"
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        store: Store | None = None,
+        clients: Mapping[str, RapiClient] | None = None,
+    ) -> None:
+        self._resources = BackendResources(settings, store=store, clients=clients)
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Open the store (unless one was given); clients open on first use."""
+        await self._resources.open()
+
+    async def close(self) -> None:
+        """Close what the control plane opened (not a store or clients it was given)."""
+        await self._resources.close()
+
+    @property
+    def settings(self) -> Settings:
+        return self._resources.settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        self._resources.settings = settings
+
+    @property
+    def store(self) -> Store:
+        """The store (``RuntimeError`` before :meth:`open` or ``async with``)."""
+        try:
+            return self._resources.store
+        except RuntimeError:
+            raise RuntimeError(f"{type(self).__name__} is not open: {self._usage}") from None
+
+    async def client(self, backend: str) -> RapiClient:
+        """The pooled RAPI client of ``backend`` (opened on first use)."""
+        return await self._resources.client(backend)
 
     def __repr__(self) -> str:
         names = ", ".join(backend.name for backend in self.settings.backends)
@@ -73,7 +125,8 @@ class ControlPlane(BackendResources):
         """Create ``spec`` on ``backend``: the instance row (BUILD), the create job, the job recorded.
 
         Returns the instance as stored and the job id; the instance becomes STARTED (or
-        STOPPED for ``start=False``) or ERROR when the job ends.
+        STOPPED for ``start=False``) or ERROR when the job ends. A name already in the
+        database on that backend (and not DESTROYED) raises :class:`ConflictError`.
         """
         settings = self.settings.backend(backend)
         if settings.drained:
@@ -118,12 +171,12 @@ class ControlPlane(BackendResources):
     ) -> int:
         instance = await self.store.get_instance(backend, name)
         if instance is None:
-            raise StoreError(
+            raise NotFoundError(
                 f"instance {name} of backend {backend} is not in the database; "
                 "only instances this control plane created (or adopted) can be managed through it"
             )
         if instance.status is InstanceStatus.DESTROYED:
-            raise StoreError(f"instance {name} of backend {backend} is DESTROYED")
+            raise NotFoundError(f"instance {name} of backend {backend} is DESTROYED")
         job_id = await call(await self.client(backend))
         await self.store.record_instance_job(backend, name, job_id, action, params=params)
         return job_id
@@ -147,7 +200,7 @@ class ControlPlane(BackendResources):
         """Cancel or wait out a BUILD instance's create; its job id if nothing is left to remove."""
         backend, name, job_id = instance.backend, instance.name, instance.create_job_id
         if job_id is None:
-            raise StoreError(
+            raise ConflictError(
                 f"instance {name} of backend {backend} is BUILD with no create job recorded yet; "
                 "cancel its request ('synnefo-ganeti requests cancel') or wait for the reconciler"
             )
@@ -180,7 +233,7 @@ class ControlPlane(BackendResources):
     async def shutdown_instance(self, name: str, *, backend: str) -> int:
         return await self._submit(backend, name, InstanceAction.SHUTDOWN, lambda c: c.shutdown_instance(name))
 
-    async def reboot_instance(self, name: str, *, backend: str, reboot_type: str = "soft") -> int:
+    async def reboot_instance(self, name: str, *, backend: str, reboot_type: RebootType = "soft") -> int:
         return await self._submit(
             backend, name, InstanceAction.REBOOT, lambda c: c.reboot_instance(name, reboot_type=reboot_type)
         )
@@ -210,7 +263,8 @@ class ControlPlane(BackendResources):
 
         The dispatcher places it (on ``backend`` if given), submits and records it;
         :meth:`wait_request` tells how it ended. ``request_id`` makes the call idempotent:
-        the same id again returns the same request.
+        the same id again returns the same request (the id of a request for another instance
+        raises :class:`ConflictError`).
         """
         if backend is not None:
             self.settings.backend(backend)  # an unknown name is a ConfigError now, not a failed request later
@@ -222,9 +276,10 @@ class ControlPlane(BackendResources):
         return request.id
 
     async def get_request(self, request_id: str) -> Request:
+        """The request as stored; :class:`NotFoundError` for an id the database does not hold."""
         request = await self.store.get_request(request_id)
         if request is None:
-            raise StoreError(f"request {request_id} is not in the database; check the id")
+            raise NotFoundError(f"request {request_id} is not in the database; check the id")
         return request
 
     async def list_requests(
@@ -273,7 +328,7 @@ class ControlPlane(BackendResources):
             latest = await self.get_request(request_id)
             if latest.is_final:
                 return latest
-            raise GanetiError(
+            raise ConflictError(
                 f"request {request_id}: its job {request.job_id} on {request.backend} could not be canceled "
                 f"({result.message}); it is running already: delete the instance once it exists"
             )

@@ -4,20 +4,30 @@ Every error raised by the library derives from :class:`GanetiError`, so a caller
 can catch everything with one ``except`` clause, or pick the branch it can act on::
 
     GanetiError                     root; ``.url`` names the backend (no credentials)
+    ├── NotFoundError               no such thing: an instance, request, job or resource (HTTP 404)
+    ├── ConflictError               a name taken, an id reused, a request no longer held (409)
+    │   └── RequestNotHeldError     the dispatcher lost the request (ended, canceled, taken over)
+    ├── InvalidError                the caller's input was refused; nothing done (also ``ValueError``; 400)
+    │   ├── ConfigError             bad settings: the message names the file and key
+    │   └── JobFileError            a job file that cannot be used (not UTF-8/JSON, too large, ...)
     ├── RapiError                   ganeti-rapi answered with an HTTP error status
     │   ├── AuthenticationError     401/403: wrong credentials or no write access
-    │   ├── NotFoundError           404, or a job that Ganeti does not know
+    │   ├── RapiNotFoundError       404 (also a :class:`NotFoundError`)
     │   │   └── JobNotFoundError    unknown job id (Ganeti 3.0 answers 200 with nulls)
-    │   ├── BadRequestError         400/415: Ganeti refused the parameters
-    │   └── UnavailableError        502/503/504: queue drained or full, proxy trouble
-    ├── TransportError              no usable HTTP answer
+    │   ├── BadRequestError         400/415: Ganeti refused the parameters (also an :class:`InvalidError`)
+    │   └── UnavailableError        502/503/504: queue drained or full, proxy trouble (503)
+    ├── TransportError              no usable HTTP answer (503)
     │   ├── RapiTimeoutError        no answer in time (also ``TimeoutError``)
     │   ├── TLSError                certificate verification or fingerprint mismatch
     │   └── RapiConnectionError     refused, reset or closed connection
-    ├── ConfigError                 bad client settings (also ``ValueError``)
+    ├── NoCapacityError             no backend can take the spec; ``.reasons`` per backend
     ├── CreateOutcomeUnknownError   a create was sent, its fate could not be established
     ├── JobFailedError              a job ended in ``error``; ``.ecode`` as Ganeti gives it
-    └── StoreError                  the database is unreachable, locked, or at another schema
+    ├── RequestTimeoutError         ``wait_request`` gave up waiting (also ``TimeoutError``)
+    └── StoreError                  the database could not do it: unreachable, locked, other schema (503)
+
+A caller maps errors to actions (or HTTP statuses) by type, never by message: the
+statuses in brackets are what a web API built on this library would answer.
 
 Every message names the backend URL and what to do next. No message, log line or
 ``repr`` ever carries a password: errors are built from the URL (credentials are
@@ -29,20 +39,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from synnefo_ganeti.allocate._placement import Requirement
     from synnefo_ganeti.rapi._models import JobFailure
 
 __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "ConfigError",
+    "ConflictError",
     "CreateOutcomeUnknownError",
     "GanetiError",
+    "InvalidError",
     "JobFailedError",
+    "JobFileError",
     "JobNotFoundError",
+    "NoCapacityError",
     "NotFoundError",
     "RapiConnectionError",
     "RapiError",
+    "RapiNotFoundError",
     "RapiTimeoutError",
+    "RequestNotHeldError",
+    "RequestTimeoutError",
     "StoreError",
     "TLSError",
     "TransportError",
@@ -63,6 +81,26 @@ class GanetiError(Exception):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r})"
+
+
+class NotFoundError(GanetiError):
+    """No such thing: an instance or request not in the database, or a 404 from ganeti-rapi."""
+
+
+class ConflictError(GanetiError):
+    """The call clashes with what exists: a name taken, an id reused with another meaning."""
+
+
+class RequestNotHeldError(ConflictError):
+    """The dispatcher no longer holds the request (it ended, was canceled, or was taken over)."""
+
+
+class InvalidError(GanetiError, ValueError):
+    """The caller's input was refused before anything was done; the message names the field."""
+
+
+class JobFileError(InvalidError):
+    """A job file that cannot be used: not UTF-8, not JSON, too large, or not shaped like a job."""
 
 
 class RapiError(GanetiError):
@@ -91,11 +129,11 @@ class AuthenticationError(RapiError):
     """401 or 403: the credentials were refused, or the user lacks write access."""
 
 
-class NotFoundError(RapiError):
-    """404: the instance, node or resource does not exist."""
+class RapiNotFoundError(RapiError, NotFoundError):
+    """404: the instance, node or resource does not exist in Ganeti."""
 
 
-class JobNotFoundError(NotFoundError):
+class JobNotFoundError(RapiNotFoundError):
     """Ganeti does not know this job id (neither in the queue nor in the archive)."""
 
     def __init__(self, message: str, *, url: str | None = None, job_id: int) -> None:
@@ -103,7 +141,7 @@ class JobNotFoundError(NotFoundError):
         self.job_id = job_id
 
 
-class BadRequestError(RapiError):
+class BadRequestError(RapiError, InvalidError):
     """400 or 415: Ganeti refused the request's parameters."""
 
 
@@ -139,7 +177,7 @@ class RapiConnectionError(TransportError):
     """The connection was refused, reset or closed before a full answer."""
 
 
-class ConfigError(GanetiError, ValueError):
+class ConfigError(InvalidError):
     """A setting is wrong (a missing CA file, a malformed fingerprint, ...); the message names it."""
 
 
@@ -170,6 +208,19 @@ class JobFailedError(GanetiError):
     @property
     def ecode(self) -> str | None:
         return self.failure.ecode
+
+
+class NoCapacityError(GanetiError):
+    """No backend can take the spec; ``reasons`` maps each backend to why not."""
+
+    def __init__(self, requirement: Requirement, reasons: dict[str, str]) -> None:
+        if reasons:
+            detail = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+        else:
+            detail = "no backends are known (add backends to the configuration)"
+        super().__init__(f"no backend can take an instance of {requirement.describe()}: {detail}")
+        self.requirement = requirement
+        self.reasons = dict(reasons)
 
 
 class StoreError(GanetiError):

@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.rapi import RapiClient
 
@@ -44,17 +45,8 @@ class HealthState:
     cluster: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "up": self.up,
-            "failures": self.failures,
-            "successes": self.successes,
-            "last_error": self.last_error,
-            "last_checked": self.last_checked,
-            "changed_at": self.changed_at,
-            "version": self.version,
-            "cluster": self.cluster,
-        }
+        result: dict[str, Any] = to_jsonable(self)
+        return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +59,15 @@ class HealthChange:
     at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "state": "up" if self.up else "down",
-            "error": self.error,
-            "at": self.at,
-        }
+        result: dict[str, Any] = to_jsonable(
+            {
+                "backend": self.backend,
+                "state": "up" if self.up else "down",
+                "error": self.error,
+                "at": self.at,
+            }
+        )
+        return result
 
 
 class HealthTracker:

@@ -3,6 +3,7 @@ each is played in (a fake Ganeti behind a ChaosProxy, broken and mended as the c
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -11,7 +12,6 @@ from typing import Any
 from synnefo_ganeti import (
     AuthenticationError,
     GanetiError,
-    InstanceSpec,
     RapiClient,
     RapiConnectionError,
     RapiError,
@@ -23,6 +23,7 @@ from synnefo_ganeti import (
 from synnefo_ganeti.config import BackendSettings
 from synnefo_ganeti.metrics import REGISTRY
 from synnefo_ganeti.testing import ChaosProxy, FakeGaneti
+from tests import helpers
 
 POLICY = RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.02)
 TIMEOUT = 0.3  # per request; the hang and the slow body outlast it
@@ -57,8 +58,8 @@ CASES = [
 IDS = [case.name for case in CASES]
 
 
-def spec(name: str) -> InstanceSpec:
-    return InstanceSpec(name=name, disk_template="diskless", os="noop", beparams={"memory": 128})
+#: the matrix's instances: small, so that no backend runs out of memory
+spec = functools.partial(helpers.spec, memory=128)
 
 
 def rapi_requests(backend: str, method: str | None = None, *, failed: bool = False) -> float:

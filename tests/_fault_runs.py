@@ -41,6 +41,7 @@ from synnefo_ganeti.store import JobVersion, Store
 from synnefo_ganeti.testing import FakeGaneti
 from synnefo_ganeti.watch import QueueWatcher
 from tests._private_pg import PrivatePostgres
+from tests.helpers import eventually, spec
 
 __all__ = [
     "DB_SECRET",
@@ -91,9 +92,7 @@ def capture_logs(
 
 
 def _spec(index: int) -> InstanceSpec:
-    return InstanceSpec(
-        name=f"vm{index}.fake.test", disk_template="diskless", os="noop", beparams={"memory": 128}
-    )
+    return spec(f"vm{index}.fake.test", memory=128)
 
 
 async def _create_database(admin_url: str) -> str:
@@ -222,24 +221,34 @@ async def pg_restart_run(
                         await client.create_instance(_spec(index))
                         pause = started + (index + 1) / rate - time.monotonic()
                         if pause > 0:
-                            await asyncio.sleep(pause)
+                            await asyncio.sleep(pause)  # submitting at ``rate``, as a client would
 
                 submitting = asyncio.create_task(submit(), name="submit")
-                await asyncio.sleep(restart_after)
+                await asyncio.sleep(restart_after)  # the scenario: the server goes down mid-run
                 # pg_ctl blocks: in a thread, so the fake, the watcher and the writer go on meanwhile
                 stopped_at, started_at = await asyncio.to_thread(pg.restart, down_for=down_for)
                 await submitting
                 # wait until the fake has ended every job, then until the database holds them all
                 deadline = time.monotonic() + settle_timeout
-                while any(not job.status.is_final for job in fake.cluster.jobs.values()):
-                    assert time.monotonic() < deadline, "the fake's jobs did not end"
-                    await asyncio.sleep(0.05)
-                while True:
+                await eventually(
+                    lambda: all(job.status.is_final for job in fake.cluster.jobs.values()),
+                    timeout=settle_timeout,
+                    interval=0.05,
+                    what="the fake's jobs to end",
+                )
+
+                async def all_stored() -> bool:
                     await store.flush()
                     final = await store.list_jobs(status=[s for s in JobStatus if s.is_final])
-                    if len(final) >= len(written) or time.monotonic() > deadline:
-                        break
-                    await asyncio.sleep(0.1)
+                    return len(final) >= len(written)
+
+                with contextlib.suppress(AssertionError):  # what is missing then, the run reports as lost
+                    await eventually(
+                        all_stored,
+                        timeout=max(0.0, deadline - time.monotonic()),
+                        interval=0.1,
+                        what="all stored",
+                    )
                 watcher.stop()
                 await watching
                 await store.flush()
@@ -512,13 +521,11 @@ async def security_run(folder: Path, base_db_url: str) -> SecurityRun:
             reading = asyncio.create_task(read_daemon())
             try:
                 # the daemon first (it creates the schema of the fresh database), then the commands
-                deadline = time.monotonic() + 60
-                while not any('"dispatcher ' in line and " started: " in line for line in daemon_lines):
+                def started() -> bool:
                     assert daemon.returncode is None, "".join(daemon_lines)
-                    assert time.monotonic() < deadline, "the dispatcher did not start:\n" + "".join(
-                        daemon_lines
-                    )
-                    await asyncio.sleep(0.05)
+                    return any('"dispatcher ' in line and " started: " in line for line in daemon_lines)
+
+                await eventually(started, timeout=60, interval=0.05, what="the dispatcher to start")
                 cfg = str(config)
                 commands["submit"] = await _cli(
                     "submit", "--config", cfg, str(specs), "--json", "--timeout", "90", cwd=root

@@ -1,13 +1,45 @@
 from __future__ import annotations
 
+import logging
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import structlog
+
+from synnefo_ganeti.testing._queue import QueueDir
 
 IN_CI = bool(os.environ.get("CI"))
+
+
+@pytest.fixture
+def queue(tmp_path: Path) -> Path:
+    """An empty queue directory as Ganeti leaves it (``version``, ``lock``, ``archive/``)."""
+    path = tmp_path / "queue"
+    QueueDir(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """Every test starts with the logging the session had: a CLI command run in-process sets the
+    ``synnefo_ganeti`` logger's level (``demo`` to ERROR) and installs its handler, and a later
+    test of the same worker that expects WARNING records in ``caplog`` saw none."""
+    root = logging.getLogger()
+    ours = logging.getLogger("synnefo_ganeti")
+    root_level, our_level = root.level, ours.level
+    try:
+        yield
+    finally:
+        for handler in [h for h in root.handlers if getattr(h, "_synnefo_ganeti_handler", False)]:
+            root.removeHandler(handler)  # only ours: pytest's own capture handlers stay its business
+            handler.close()
+        root.setLevel(root_level)
+        ours.setLevel(our_level)
+        structlog.reset_defaults()
 
 
 @dataclass(frozen=True)
@@ -116,3 +148,17 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     make = request.getfixturevalue("make_pg_url")
     url: str = make()
     return url
+
+
+@pytest.fixture
+def pg_url(make_pg_url) -> str:
+    """A fresh, empty PostgreSQL database, for tests specific to PostgreSQL (made outside the event loop);
+    skipped with a reason where none runs, failed in CI."""
+    url: str = make_pg_url()
+    return url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh SQLite database in a temporary file, for tests that do not depend on the database."""
+    return f"sqlite:///{tmp_path / 'store.db'}"

@@ -1,19 +1,31 @@
-"""Test helpers: a scriptable in-process RAPI stub and self-signed certificates."""
+"""The tests' one support module: waiting for things, instance specs, clients, a scriptable
+in-process RAPI stub and self-signed certificates.
+
+Fixtures shared by many files (``pg_url``, ``make_pg_url``, ``db_url``, ``sqlite_url``, ``testbed``)
+live in ``tests/conftest.py``.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from aiohttp import web
 
+from synnefo_ganeti import InstanceSpec, RapiClient, RetryPolicy
 from synnefo_ganeti.testing._tls import write_certificate
+
+if TYPE_CHECKING:
+    from synnefo_ganeti.testing import FakeGaneti
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RAPI_FIXTURES = FIXTURES / "ganeti-3.0-rapi"
@@ -21,6 +33,114 @@ QUEUE_FIXTURES = FIXTURES / "ganeti-3.0-queue"
 
 USER = "ci"
 PASSWORD = "s3cret-Pa55word"
+
+
+# -- waiting for something to have happened -----------------------------------------------------------
+
+#: how long ``eventually`` waits by default: long enough for a loaded CI machine, short enough
+#: that a hang fails well before pytest-timeout's 120 s
+WAIT = 30.0
+
+T = TypeVar("T")
+
+
+async def eventually(
+    predicate: Callable[[], T | Awaitable[T]],
+    *,
+    timeout: float = WAIT,
+    what: str = "the condition",
+    interval: float = 0.02,
+) -> T:
+    """Polls ``predicate`` (sync, or returning an awaitable) until it returns something true; returns it.
+
+    Fails with ``AssertionError`` naming ``what`` (and the last value seen) after ``timeout`` seconds.
+    Use it to wait for an event a test cannot be told about directly, never a fixed sleep.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout:g} s waiting for {what} (last: {result!r})")
+        await asyncio.sleep(interval)
+
+
+def eventually_sync(
+    predicate: Callable[[], T], *, timeout: float = WAIT, what: str = "the condition", interval: float = 0.02
+) -> T:
+    """``eventually`` for code outside an event loop (threads, child processes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout:g} s waiting for {what} (last: {result!r})")
+        time.sleep(interval)
+
+
+async def clock_ticks() -> None:
+    """Until the wall clock has moved past its reading now, so that everything stamped so far is
+    strictly earlier than anything stamped from here on (``time.time()`` may be coarse)."""
+    now = time.time()
+    await eventually(lambda: time.time() > now, what="the wall clock to move on", interval=0.001)
+
+
+# -- instance specs and clients ------------------------------------------------------------------------
+
+
+def spec(
+    name: str = "vm1.example.org",
+    *,
+    memory: int = 256,
+    vcpus: int | None = None,
+    disk_template: str = "diskless",
+    os: str = "noop",
+    **kwargs: Any,
+) -> InstanceSpec:
+    """An instance spec that every backend of the tests accepts; ``kwargs`` are InstanceSpec's own
+    (a ``beparams`` there replaces ``memory``/``vcpus``)."""
+    beparams: dict[str, Any] = {"memory": memory}
+    if vcpus is not None:
+        beparams["vcpus"] = vcpus
+    kwargs.setdefault("beparams", beparams)
+    return InstanceSpec(name=name, disk_template=disk_template, os=os, **kwargs)
+
+
+#: retries quick enough for a test against a stub
+FAST_RETRY = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.002)
+#: no retries at all
+ONCE = RetryPolicy(attempts=1)
+
+
+def stub_client(url: str, **kwargs: Any) -> RapiClient:
+    """A client of a ``StubRapi`` (its user and password; ``FAST_RETRY`` unless ``retry`` is given)."""
+    kwargs.setdefault("retry", FAST_RETRY)
+    kwargs.setdefault("username", USER)
+    kwargs.setdefault("password", PASSWORD)
+    return RapiClient(url, **kwargs)
+
+
+def fake_client(fake: FakeGaneti, **kwargs: Any) -> RapiClient:
+    """A client of a ``FakeGaneti`` (its credentials and CA; no retries unless ``retry`` is given)."""
+    kwargs.setdefault("retry", ONCE)
+    return RapiClient(
+        fake.url, username=fake.username, password=fake.password, ca_file=fake.ca_file, **kwargs
+    )
+
+
+def closed_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# -- the RAPI stub -------------------------------------------------------------------------------------
 
 
 def rapi_fixture(name: str) -> Any:
@@ -145,5 +265,5 @@ def ganeti_error(status: int, message: str, explain: str = "") -> web.Response:
 
 
 async def never_answer(_request: web.Request) -> web.StreamResponse:
-    await asyncio.sleep(3600)
+    await asyncio.sleep(3600)  # a server that never answers: the client's timeout must end the call
     raise AssertionError("unreachable")

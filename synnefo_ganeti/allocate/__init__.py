@@ -1,15 +1,29 @@
-"""Placement of new instances on backends: credits weighed by how fast each drains, round-robin to compare."""
+"""Placement of new instances on backends: credits weighed by how fast each drains, round-robin to
+compare; and, inside a backend, the node (:mod:`._nodes`)."""
 
 from __future__ import annotations
 
-from synnefo_ganeti.allocate._placement import (
-    Allocator,
-    BackendView,
-    NoCapacityError,
-    Pending,
-    Requirement,
-    Reservation,
-    Strategy,
+from synnefo_ganeti.allocate._nodes import (
+    MIRRORED_TEMPLATES,
+    NodeLoad,
+    choose_nodes,
+    chooses_nodes,
+    placed_spec,
 )
+from synnefo_ganeti.allocate._placement import Allocator, NoCapacityError, Strategy
+from synnefo_ganeti.allocate._views import BackendView, Pending, Requirement, Reservation
 
-__all__ = ["Allocator", "BackendView", "NoCapacityError", "Pending", "Requirement", "Reservation", "Strategy"]
+__all__ = [
+    "MIRRORED_TEMPLATES",
+    "Allocator",
+    "BackendView",
+    "NoCapacityError",
+    "NodeLoad",
+    "Pending",
+    "Requirement",
+    "Reservation",
+    "Strategy",
+    "choose_nodes",
+    "chooses_nodes",
+    "placed_spec",
+]

@@ -39,10 +39,12 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from synnefo_ganeti.errors import GanetiError
-from synnefo_ganeti.rapi import InstanceSpec, Node
+from synnefo_ganeti.allocate._nodes import NodeLoad, choose_nodes, node_loads
+from synnefo_ganeti.allocate._views import BackendView, Pending, Requirement, Reservation
+from synnefo_ganeti.errors import NoCapacityError
+from synnefo_ganeti.rapi import InstanceSpec
 
 __all__ = [
     "Allocator",
@@ -56,128 +58,9 @@ __all__ = [
 
 Strategy = Literal["credits", "round_robin"]
 
-DEFAULT_MEMORY_MIB = 128
 DEFAULT_CREATE_SECONDS = 30.0  # a create's time on its node before any was measured
 DEFAULT_SMOOTHING = 0.2  # weight of each new create time in the per-backend mean
 _UNBOUNDED = 1_000_000_000  # credits of a backend no resource constrains
-
-
-def _as_int(value: Any, default: int) -> int:
-    if value is None or isinstance(value, bool):
-        return default
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-@dataclass(frozen=True, slots=True)
-class Requirement:
-    """What one instance of a spec needs: memory and disk in MiB, vcpus, disk template.
-
-    ``disk`` is the cluster-wide total (twice the disk sizes for ``drbd``, which
-    mirrors to a second node); :attr:`disk_per_node` is what one node must hold.
-    """
-
-    memory: int
-    disk: int
-    vcpus: int
-    disk_template: str
-
-    @classmethod
-    def of(cls, spec: InstanceSpec) -> Requirement:
-        beparams = spec.beparams
-        memory = (
-            _as_int(beparams.get("maxmem"), 0) or _as_int(beparams.get("memory"), 0) or DEFAULT_MEMORY_MIB
-        )
-        vcpus = _as_int(beparams.get("vcpus"), 0) or 1
-        size = sum(_as_int(disk.get("size"), 0) for disk in spec.disks)
-        if spec.disk_template == "diskless":
-            size = 0
-        elif spec.disk_template == "drbd":
-            size *= 2
-        return cls(memory=memory, disk=size, vcpus=vcpus, disk_template=spec.disk_template)
-
-    @property
-    def disk_per_node(self) -> int:
-        return self.disk // 2 if self.disk_template == "drbd" else self.disk
-
-    def describe(self) -> str:
-        return f"{self.memory} MiB memory, {self.disk} MiB disk, {self.vcpus} vcpus, {self.disk_template}"
-
-
-@dataclass(frozen=True, slots=True)
-class BackendView:
-    """What is known of one backend at ``stats_at`` (a ``time.monotonic()`` value).
-
-    ``disk_templates`` empty means unknown: any template is accepted.
-    ``refusing_until`` is set (monotonic time) when a submit got a 503.
-    """
-
-    name: str
-    nodes: list[Node] = field(default_factory=list)
-    disk_templates: frozenset[str] = frozenset()
-    drained: bool = False
-    healthy: bool = True
-    refusing_until: float | None = None
-    stats_at: float | None = None
-
-    @property
-    def usable_nodes(self) -> list[Node]:
-        return [n for n in self.nodes if not n.offline and not n.drained and n.vm_capable is not False]
-
-    @property
-    def free_memory(self) -> int:
-        return sum(n.mfree or 0 for n in self.usable_nodes)
-
-    @property
-    def largest_free_memory(self) -> int:
-        return max((n.mfree or 0 for n in self.usable_nodes), default=0)
-
-    @property
-    def free_disk(self) -> int:
-        return sum(n.dfree or 0 for n in self.usable_nodes)
-
-    @property
-    def largest_free_disk(self) -> int:
-        return max((n.dfree or 0 for n in self.usable_nodes), default=0)
-
-    @property
-    def max_vcpus(self) -> int | None:
-        """The most CPUs of a usable node, ``None`` when no node reports it."""
-        known = [n.ctotal for n in self.usable_nodes if n.ctotal is not None]
-        return max(known) if known else None
-
-
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """What is reserved on a backend and not yet in its node stats."""
-
-    memory: int
-    disk: int
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """One placement: ``name`` is the chosen backend, ``id`` unique per allocator."""
-
-    name: str
-    requirement: Requirement
-    id: int
-
-
-class NoCapacityError(GanetiError):
-    """No backend can take the spec; ``reasons`` maps each backend to why not."""
-
-    def __init__(self, requirement: Requirement, reasons: dict[str, str]) -> None:
-        if reasons:
-            detail = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
-        else:
-            detail = "no backends are known (add backends to the configuration)"
-        super().__init__(f"no backend can take an instance of {requirement.describe()}: {detail}")
-        self.requirement = requirement
-        self.reasons = dict(reasons)
 
 
 @dataclass(slots=True)
@@ -192,6 +75,8 @@ class _Backend:
     sent: set[int] = field(default_factory=set)  # ids in ``queue`` that Ganeti has
     create_seconds: float | None = None  # learned by finished(); None until a create ended
     last_chosen: int = -1
+    # node -> monotonic time a create there failed for lack of room; out until stats read after it
+    full: dict[str, float] = field(default_factory=dict)
 
 
 class Allocator:
@@ -247,6 +132,9 @@ class Allocator:
             if view.stats_at is None or view.stats_at >= at:
                 del backend.accounted[rid]
                 backend.reservations.pop(rid, None)
+        for node, at in list(backend.full.items()):
+            if view.stats_at is not None and view.stats_at >= at:
+                del backend.full[node]
 
     def forget(self, name: str) -> None:
         """Drop a backend (removed from the configuration) and its reservations."""
@@ -263,6 +151,16 @@ class Allocator:
         backend = self._backends[name]
         reqs = [r.requirement for r in backend.reservations.values()]
         return Pending(sum(r.memory for r in reqs), sum(r.disk for r in reqs), len(reqs))
+
+    def node_loads(self, name: str) -> dict[str, NodeLoad]:
+        """Per node of ``name``: what is reserved there and not in its stats, and the creates
+        in flight that take its lock (placements made with ``nodes=True``)."""
+        backend = self._backends[name]
+        return node_loads(backend.reservations.values(), backend.queue)
+
+    def full_nodes(self, name: str) -> set[str]:
+        """Nodes of ``name`` out of node choice until its next node stats (:meth:`node_full`)."""
+        return set(self._backends[name].full)
 
     def in_flight(self, name: str) -> int:
         """Creates placed on ``name`` whose job has not ended (reported by :meth:`finished`,
@@ -293,7 +191,7 @@ class Allocator:
         return [
             name
             for name, b in self._backends.items()
-            if b.accounted or b.view.stats_at is None or now - b.view.stats_at >= interval
+            if b.accounted or b.full or b.view.stats_at is None or now - b.view.stats_at >= interval
         ]
 
     # -- decisions ---------------------------------------------------------------------------
@@ -378,12 +276,19 @@ class Allocator:
         return out
 
     def place(
-        self, spec: InstanceSpec | Requirement, *, now: float | None = None, only: str | None = None
+        self,
+        spec: InstanceSpec | Requirement,
+        *,
+        now: float | None = None,
+        only: str | None = None,
+        nodes: bool = False,
     ) -> Reservation:
         """Choose a backend for ``spec`` and reserve its requirement there.
 
         ``only``: the request names its backend; it is reserved there if that backend
-        is eligible, else :class:`NoCapacityError` says why not.
+        is eligible, else :class:`NoCapacityError` says why not. ``nodes``: choose the
+        primary node (and a secondary for a mirrored template) too (:mod:`._nodes`); a
+        backend where no node fits is passed over for the next one.
         """
         now = time.monotonic() if now is None else now
         req = self._requirement(spec)
@@ -395,12 +300,38 @@ class Allocator:
                 raise NoCapacityError(req, {only: reason})
         if not ranked:
             raise NoCapacityError(req, self.rejected(req, now=now))
-        backend = ranked[0][0]
-        reservation = Reservation(name=backend.view.name, requirement=req, id=next(self._ids))
+        chosen: tuple[str | None, str | None] = (None, None)
+        no_node: dict[str, str] = {}
+        for candidate, _ in ranked:
+            if not nodes:
+                backend = candidate
+                break
+            name = candidate.view.name
+            found = choose_nodes(candidate.view, req, self.node_loads(name), candidate.full)
+            if isinstance(found, str):
+                no_node[name] = found
+                continue
+            backend, chosen = candidate, found
+            break
+        else:
+            reasons = {} if only is not None else self.rejected(req, now=now)
+            raise NoCapacityError(req, reasons | no_node)
+        reservation = Reservation(
+            name=backend.view.name, requirement=req, id=next(self._ids), node=chosen[0], snode=chosen[1]
+        )
         backend.reservations[reservation.id] = reservation
         backend.queue[reservation.id] = len(backend.queue)
         backend.last_chosen = next(self._placements)
         return reservation
+
+    def node_full(self, reservation: Reservation, *, now: float | None = None) -> None:
+        """The create failed for lack of room on its nodes (stale stats): they are out of node
+        choice until stats read after ``now`` (the backend is due for a refresh meanwhile)."""
+        backend = self._backends.get(reservation.name)
+        if backend is not None:
+            at = time.monotonic() if now is None else now
+            for node in reservation.nodes:
+                backend.full[node] = at
 
     def release(self, reservation: Reservation) -> bool:
         """Give a reservation's capacity back (the create failed or was never sent)."""

@@ -1,12 +1,23 @@
-"""The ``synnefo-ganeti`` command line."""
+"""The ``synnefo-ganeti`` command line: one module per command group.
+
+Importing a module registers its commands on :data:`main` (in ``_main``); shared
+options are in ``_options``, output helpers in ``_output``.
+"""
 
 from __future__ import annotations
 
-from synnefo_ganeti.cli import _dispatch as _dispatch  # registers dispatcher, submit and requests
-from synnefo_ganeti.cli import _fake as _fake  # registers fake-ganeti and demo
-from synnefo_ganeti.cli import _instances as _instances  # registers instances
-from synnefo_ganeti.cli import _reconcile as _reconcile  # registers reconcile and backends
-from synnefo_ganeti.cli import _store as _store  # registers db, watch and jobs
+from synnefo_ganeti.cli import _backends as _backends  # backends list|events|drain|undrain
+from synnefo_ganeti.cli import _db as _db  # db upgrade|prune
+from synnefo_ganeti.cli import _demo as _demo  # demo
+from synnefo_ganeti.cli import _dispatch as _dispatch  # dispatcher
+from synnefo_ganeti.cli import _fake as _fake  # fake-ganeti
+from synnefo_ganeti.cli import _instances as _instances  # instances list|show
+from synnefo_ganeti.cli import _jobs as _jobs  # jobs list|show
+from synnefo_ganeti.cli import _rapi as _rapi  # rapi info|nodes|instances|jobs|job|create|cancel
+from synnefo_ganeti.cli import _reconcile as _reconcile  # reconcile
+from synnefo_ganeti.cli import _requests as _requests  # requests list|show|cancel
+from synnefo_ganeti.cli import _submit as _submit  # submit
+from synnefo_ganeti.cli import _watch as _watch  # watch
 from synnefo_ganeti.cli._main import main
 
 __all__ = ["main"]

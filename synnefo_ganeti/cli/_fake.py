@@ -1,4 +1,4 @@
-"""``synnefo-ganeti fake-ganeti`` (the demo, in :mod:`synnefo_ganeti.cli._demo`, is registered from here)."""
+"""``synnefo-ganeti fake-ganeti``: a fake Ganeti (RAPI and job queue) in the foreground."""
 
 from __future__ import annotations
 
@@ -11,8 +11,12 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from synnefo_ganeti.cli._main import _print_json, _stdout, json_option, main
+from synnefo_ganeti.cli._main import main
+from synnefo_ganeti.cli._options import json_option
+from synnefo_ganeti.cli._output import print_json, stdout
 from synnefo_ganeti.testing import FakeGaneti
+
+__all__ = ["fake_ganeti", "jittered"]
 
 
 def jittered(latency: float, jitter: float) -> float | Callable[[], float]:
@@ -106,12 +110,12 @@ def fake_ganeti(
                 "fingerprint": fake.fingerprint, "queue_dir": str(fake.queue_dir), "nodes": nodes,
             }  # fmt: skip
             if as_json:
-                _print_json(details)
+                print_json(details)
             else:
                 table = Table(show_header=False, box=None, title="fake Ganeti running (Ctrl-C stops it)")
                 for key, value in details.items():
                     table.add_row(key, str(value))
-                _stdout().print(table)
+                stdout().print(table)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -121,6 +125,3 @@ def fake_ganeti(
             await fake.stop()
 
     asyncio.run(serve())
-
-
-from synnefo_ganeti.cli import _demo as _demo  # noqa: E402  registers demo

@@ -8,9 +8,13 @@ from typing import Any
 import click
 from rich.table import Table
 
-from synnefo_ganeti.cli._main import _print_json, _run, _stdout, json_option, main, stderr
-from synnefo_ganeti.cli._reconcile import _settings, config_option
+from synnefo_ganeti._serial import iso
+from synnefo_ganeti.cli._main import main
+from synnefo_ganeti.cli._options import database_options, database_url, json_option, with_store
+from synnefo_ganeti.cli._output import empty, fail, print_json, stdout, styled
 from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
+
+__all__ = ["instances"]
 
 _STATUSES = [status.value for status in InstanceStatus]
 
@@ -21,23 +25,27 @@ def instances() -> None:
 
 
 @instances.command("list")
-@config_option
+@database_options
 @click.option("--backend", help="Only this backend's instances.")
 @click.option(
     "--status", "statuses", multiple=True, type=click.Choice(_STATUSES), help="Only this status (repeat)."
 )
 @json_option
-def instances_list(config_file: Path, backend: str | None, statuses: tuple[str, ...], as_json: bool) -> None:
+def instances_list(
+    config_file: Path | None,
+    db_url: str | None,
+    backend: str | None,
+    statuses: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Every instance, ordered by backend and name."""
-    settings = _settings(config_file)
-
-    async def read() -> list[StoredInstance]:
-        async with Store(settings.database.url, create=False) as store:
-            return await store.list_instances(backend=backend, status=statuses or None)
-
-    found = _run(read())
+    url = database_url(config_file, db_url)
+    found = with_store(url, lambda store: store.list_instances(backend=backend, status=statuses or None))
     if as_json:
-        _print_json([instance.to_json() for instance in found])
+        print_json([instance.to_json() for instance in found])
+        return
+    if not found:
+        empty("no instances stored" + (" matching the filters" if backend or statuses else ""))
         return
     table = Table("backend", "name", "status", "memory", "vcpus", "tags", "create job")
     for instance in found:
@@ -51,47 +59,42 @@ def instances_list(config_file: Path, backend: str | None, statuses: tuple[str, 
             ", ".join(instance.tags or []),
             "" if instance.create_job_id is None else str(instance.create_job_id),
         )
-    _stdout().print(table)
-    if not found:
-        stderr.print("no instances stored" + (" matching the filters" if backend or statuses else ""))
+    stdout().print(table)
 
 
 @instances.command("show")
 @click.argument("backend")
 @click.argument("name")
-@config_option
+@database_options
 @json_option
-def instances_show(backend: str, name: str, config_file: Path, as_json: bool) -> None:
+def instances_show(
+    backend: str, name: str, config_file: Path | None, db_url: str | None, as_json: bool
+) -> None:
     """One instance with the jobs recorded for it."""
-    settings = _settings(config_file)
+    url = database_url(config_file, db_url)
 
-    async def read() -> tuple[StoredInstance | None, list[dict[str, Any]]]:
-        async with Store(settings.database.url, create=False) as store:
-            instance = await store.get_instance(backend, name)
-            return instance, (await store.instance_jobs(backend, name) if instance else [])
+    async def read(store: Store) -> tuple[StoredInstance | None, list[dict[str, Any]]]:
+        instance = await store.get_instance(backend, name)
+        return instance, (await store.instance_jobs(backend, name) if instance else [])
 
-    instance, jobs = _run(read())
+    instance, jobs = with_store(url, read)
     if instance is None:
-        stderr.print(
-            f"[bold red]error:[/] instance {name} of backend {backend!r} is not in the database",
-            highlight=False,
-        )
-        raise SystemExit(1)
+        fail(f"instance {name} of backend {backend!r} is not in the database", 1)
     recorded = [
         {
             "job_id": job["job_id"],
             "action": job["action"],
             "result": job["result"],
-            "recorded_at": job["recorded_at"].isoformat() if job["recorded_at"] else None,
-            "applied_at": job["applied_at"].isoformat() if job["applied_at"] else None,
+            "recorded_at": iso(job["recorded_at"]),
+            "applied_at": iso(job["applied_at"]),
         }
         for job in jobs
     ]
     if as_json:
-        _print_json({**instance.to_json(), "jobs": recorded})
+        print_json({**instance.to_json(), "jobs": recorded})
         return
-    out = _stdout()
-    out.print(f"{instance.name} on {instance.backend}: [bold]{instance.status.value}[/]", highlight=False)
+    out = stdout()
+    out.print(styled(f"{instance.name} on {instance.backend}: ", (instance.status.value, "bold")))
     details = Table(show_header=False, box=None)
     for key in ("os", "disk_template", "beparams", "nics", "disks", "tags"):
         details.add_row(key, str(getattr(instance, key)))

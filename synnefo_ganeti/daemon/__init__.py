@@ -1,8 +1,10 @@
-"""Building blocks of the dispatcher daemon: the embedded HTTP endpoints and systemd notification."""
+"""Building blocks of the daemons: the embedded HTTP endpoints, systemd notification and the
+supervisor of their root tasks."""
 
 from __future__ import annotations
 
 from synnefo_ganeti.daemon._http import StatusServer
+from synnefo_ganeti.daemon._supervisor import RootTaskEnded, Supervisor
 from synnefo_ganeti.daemon._systemd import SystemdNotifier
 
-__all__ = ["StatusServer", "SystemdNotifier"]
+__all__ = ["RootTaskEnded", "StatusServer", "Supervisor", "SystemdNotifier"]

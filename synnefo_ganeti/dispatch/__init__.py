@@ -3,6 +3,12 @@
 See :class:`Dispatcher` for what it runs; :class:`JobTracker` follows the jobs of a
 backend whose queue directory is not local; :class:`DispatcherLock` tells live
 dispatchers from dead ones.
+
+Where things live: ``_dispatcher`` the lifecycle (root tasks under a supervisor, stop,
+reload, the reconcile/metrics/lock/watchdog loops); ``_submitter`` claim, place, submit;
+``_recovery`` take-over of dead dispatchers' requests and the look in Ganeti before a
+create is sent again; ``_wiring`` per-backend clients, job followers, health and node
+stats; ``_base`` the state and small steps they share.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from synnefo_ganeti.errors import JobFileError
 from synnefo_ganeti.jobs._status import JobStatus, calc_job_status
 
 if TYPE_CHECKING:
@@ -36,10 +37,6 @@ __all__ = [
 ]
 
 MAX_JOB_FILE_BYTES = 16 * 1024 * 1024
-
-
-class JobFileError(ValueError):
-    """A job file that cannot be used: not UTF-8, not JSON, too large, or not shaped like a job."""
 
 
 @dataclass(frozen=True, slots=True)

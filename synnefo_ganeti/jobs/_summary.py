@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from synnefo_ganeti._serial import from_jsonable, to_jsonable
 from synnefo_ganeti.jobs._files import JobFile, OpState
 from synnefo_ganeti.jobs._status import JobStatus, calc_job_status
 
@@ -23,6 +24,11 @@ __all__ = ["JobSummary", "OpSummary", "VersionKey"]
 
 #: (final?, finished ops, highest log serial, latest timestamp)
 VersionKey = tuple[bool, int, int, float]
+
+
+#: Ganeti's ECODE_NORES and ECODE_TEMP_NORES: a failed create's message keeps them, so that the
+#: store and the dispatcher place it again (``store.is_capacity_error``)
+_RESOURCE_ECODES = ("insufficient_resources", "temp_insufficient_resources")
 
 
 def _error_message(op: OpState) -> str | None:
@@ -33,6 +39,8 @@ def _error_message(op: OpState) -> str | None:
     if isinstance(result, list) and len(result) == 2:
         kind, args = result
         if isinstance(args, list) and args:
+            if len(args) > 1 and args[1] in _RESOURCE_ECODES:  # kept: placement acts on it
+                return f"{kind}: {args[0]} ({args[1]})"
             return f"{kind}: {args[0]}"
         return f"{kind}: {args}"
     return None if result is None else str(result)
@@ -43,39 +51,21 @@ class OpSummary:
     index: int
     op_id: str
     status: JobStatus
-    instance: str | None
-    start_time: float | None
-    exec_time: float | None
-    end_time: float | None
-    last_serial: int
+    # (defaults: summaries stored by older versions may lack a key)
+    instance: str | None = None
+    start_time: float | None = None
+    exec_time: float | None = None
+    end_time: float | None = None
+    last_serial: int = 0
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "op_id": self.op_id,
-            "status": self.status.value,
-            "instance": self.instance,
-            "start_time": self.start_time,
-            "exec_time": self.exec_time,
-            "end_time": self.end_time,
-            "last_serial": self.last_serial,
-            "error": self.error,
-        }
+        result: dict[str, Any] = to_jsonable(self)
+        return result
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> OpSummary:
-        return cls(
-            index=raw["index"],
-            op_id=raw["op_id"],
-            status=JobStatus(raw["status"]),
-            instance=raw.get("instance"),
-            start_time=raw.get("start_time"),
-            exec_time=raw.get("exec_time"),
-            end_time=raw.get("end_time"),
-            last_serial=raw.get("last_serial", 0),
-            error=raw.get("error"),
-        )
+        return from_jsonable(cls, raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +74,12 @@ class JobSummary:
 
     job_id: int
     ops: tuple[OpSummary, ...]
-    received_time: float | None
-    start_time: float | None
-    end_time: float | None
+    received_time: float | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+
+    #: the order ``to_json`` has always had (the database's column takes the dataclass as is)
+    __json_fields__ = ("job_id", "received_time", "start_time", "end_time", "ops")
 
     @classmethod
     def of(cls, job: JobFile) -> JobSummary:
@@ -148,20 +141,9 @@ class JobSummary:
         return self.key >= older.key
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "received_time": self.received_time,
-            "start_time": self.start_time,
-            "end_time": self.end_time,
-            "ops": [op.to_json() for op in self.ops],
-        }
+        result: dict[str, Any] = to_jsonable(self)
+        return result
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> JobSummary:
-        return cls(
-            job_id=raw["job_id"],
-            ops=tuple(OpSummary.from_json(op) for op in raw["ops"]),
-            received_time=raw.get("received_time"),
-            start_time=raw.get("start_time"),
-            end_time=raw.get("end_time"),
-        )
+        return from_jsonable(cls, raw)

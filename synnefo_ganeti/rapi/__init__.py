@@ -7,7 +7,8 @@ then ``await rapi.create_instances(specs)``. See :class:`RapiClient`.
 from __future__ import annotations
 
 from synnefo_ganeti.jobs import JobStatus
-from synnefo_ganeti.rapi._client import REASON_PREFIX, CreateProgress, RapiClient, new_request_id
+from synnefo_ganeti.rapi._calls import REASON_PREFIX, CreateProgress, RebootType, new_request_id
+from synnefo_ganeti.rapi._client import RapiClient
 from synnefo_ganeti.rapi._models import (
     CancelResult,
     ClusterInfo,
@@ -35,6 +36,7 @@ __all__ = [
     "LogEntry",
     "Node",
     "RapiClient",
+    "RebootType",
     "RetryPolicy",
     "Timestamp",
     "is_transient",

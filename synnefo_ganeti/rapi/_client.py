@@ -22,9 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, TypeVar
 from urllib.parse import quote
@@ -41,34 +39,18 @@ from synnefo_ganeti.errors import (
     RapiError,
     RapiTimeoutError,
 )
+from synnefo_ganeti.rapi._calls import REASON_PREFIX, CreateProgress, RebootType, new_request_id
 from synnefo_ganeti.rapi._models import CancelResult, ClusterInfo, Instance, InstanceSpec, Job, Node
 from synnefo_ganeti.rapi._retry import RetryPolicy, is_transient, is_unsent
 from synnefo_ganeti.rapi._tls import build_tls
 from synnefo_ganeti.rapi._transport import LONG_POLL_GRACE, Transport
 
-__all__ = ["CreateProgress", "RapiClient", "new_request_id"]
+__all__ = ["CreateProgress", "RapiClient", "RebootType", "new_request_id"]
 
 logger = logging.getLogger("synnefo_ganeti.rapi")
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
-
-REASON_PREFIX = "synnefo-ganeti:"
-
-
-def new_request_id() -> str:
-    """A fresh id for one create request (32 hex digits)."""
-    return uuid.uuid4().hex
-
-
-@dataclass(frozen=True, slots=True)
-class CreateProgress:
-    """Passed to ``create_instances``' ``on_progress`` after each create finishes."""
-
-    done: int
-    total: int
-    index: int
-    result: int | GanetiError
 
 
 class RapiClient:
@@ -387,7 +369,7 @@ class RapiClient:
         """Stop an instance (``PUT /2/instances/NAME/shutdown``); returns the job id."""
         return await self._write_job("PUT", self._instance_path(name, "shutdown"))
 
-    async def reboot_instance(self, name: str, *, reboot_type: str = "soft") -> int:
+    async def reboot_instance(self, name: str, *, reboot_type: RebootType = "soft") -> int:
         """Reboot an instance (``POST /2/instances/NAME/reboot``); returns the job id."""
         if reboot_type not in ("soft", "hard", "full"):
             raise ConfigError(f"reboot_type must be soft, hard or full, not {reboot_type!r}")

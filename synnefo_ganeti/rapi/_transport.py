@@ -50,9 +50,9 @@ from synnefo_ganeti.errors import (
     AuthenticationError,
     BadRequestError,
     GanetiError,
-    NotFoundError,
     RapiConnectionError,
     RapiError,
+    RapiNotFoundError,
     RapiTimeoutError,
     TLSError,
     UnavailableError,
@@ -301,7 +301,7 @@ class Transport:
                 **kwargs,
             )
         if status == 404:
-            return NotFoundError(f"{where}; check the name or id", **kwargs)
+            return RapiNotFoundError(f"{where}; check the name or id", **kwargs)
         if status in (400, 415):
             return BadRequestError(f"{where}; fix the request's parameters", **kwargs)
         if status in (502, 503, 504):

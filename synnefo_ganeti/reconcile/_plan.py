@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import Instance, Job
 from synnefo_ganeti.reconcile._observe import (
@@ -156,13 +157,12 @@ class Drift:
     fixed: bool = False
     error: str | None = None
 
+    #: what a report shows of a drift
+    __json_fields__ = ("kind", "instance", "detail", "fixed")
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind.value,
-            "instance": self.instance,
-            "detail": self.detail,
-            "fixed": self.fixed,
-        }
+        result: dict[str, Any] = to_jsonable(self)
+        return result
 
 
 def ganeti_state(instance: Instance) -> InstanceStatus:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from synnefo_ganeti._backends import BackendResources
+from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.errors import GanetiError, JobNotFoundError
 from synnefo_ganeti.jobs import JobFile, JobStatus, LogLine, OpState, op_instance
 from synnefo_ganeti.metrics import DRIFT_FOUND
@@ -67,13 +68,11 @@ class BackendReport:
     drifts: list[Drift] = field(default_factory=list)
     duration: float = 0.0
 
+    __json_fields__ = ("name", "ok", "error", "drifts")
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "ok": self.ok,
-            "error": self.error,
-            "drifts": [drift.to_json() for drift in self.drifts],
-        }
+        result: dict[str, Any] = to_jsonable(self)
+        return result
 
 
 @dataclass(slots=True)
@@ -95,7 +94,8 @@ class Report:
         return [drift for backend in self.backends for drift in backend.drifts]
 
     def to_json(self) -> dict[str, Any]:
-        return {"backends": [backend.to_json() for backend in self.backends]}
+        result: dict[str, Any] = to_jsonable(self)
+        return result
 
     def summary(self) -> str:
         parts = []

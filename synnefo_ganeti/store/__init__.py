@@ -7,6 +7,7 @@ database); :meth:`Store.put` queues job-file versions for its one batching write
 
 from __future__ import annotations
 
+from synnefo_ganeti.errors import RequestNotHeldError
 from synnefo_ganeti.store._instances import (
     InstanceAction,
     InstanceStatus,
@@ -14,14 +15,8 @@ from synnefo_ganeti.store._instances import (
     instance_status_after,
 )
 from synnefo_ganeti.store._migrate import current_revision, head_revision, upgrade
-from synnefo_ganeti.store._requests import (
-    Request,
-    RequestNotHeldError,
-    RequestStatus,
-    is_capacity_error,
-    new_request_id,
-    request_tag,
-)
+from synnefo_ganeti.store._requests import Request, RequestStatus, new_request_id, request_tag
+from synnefo_ganeti.store._settle import is_capacity_error
 from synnefo_ganeti.store._store import (
     CommitInfo,
     JobVersion,

@@ -17,20 +17,25 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Row, Table, select, update
+from sqlalchemy import Connection, Row, Table, delete, insert, select, update
 
+from synnefo_ganeti._serial import to_jsonable
+from synnefo_ganeti.errors import ConflictError, NotFoundError
 from synnefo_ganeti.jobs import JobStatus, JobSummary
-from synnefo_ganeti.store._requests import settle_requests
 from synnefo_ganeti.store._schema import Backend, Instance, InstanceJob, Job
+from synnefo_ganeti.store._settle import settle_requests
 
 __all__ = [
     "InstanceAction",
     "InstanceStatus",
     "StoredInstance",
+    "add_instance_row",
     "apply_final_jobs",
+    "get_instance_row",
     "instance_jobs_t",
     "instance_status_after",
     "instances_t",
+    "record_job",
     "stored_final_job",
 ]
 
@@ -80,10 +85,6 @@ def instance_status_after(
     }.get(action)
 
 
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
-
-
 @dataclass(frozen=True, slots=True)
 class StoredInstance:
     id: int
@@ -102,22 +103,26 @@ class StoredInstance:
     created_at: datetime
     updated_at: datetime
 
+    #: what ``--json`` shows: not the row id, nor the time of the last applied job end
+    __json_fields__ = (
+        "backend",
+        "name",
+        "status",
+        "owned",
+        "os",
+        "disk_template",
+        "beparams",
+        "nics",
+        "disks",
+        "tags",
+        "create_job_id",
+        "created_at",
+        "updated_at",
+    )
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "name": self.name,
-            "status": self.status.value,
-            "owned": self.owned,
-            "os": self.os,
-            "disk_template": self.disk_template,
-            "beparams": self.beparams,
-            "nics": self.nics,
-            "disks": self.disks,
-            "tags": self.tags,
-            "create_job_id": self.create_job_id,
-            "created_at": _iso(self.created_at),
-            "updated_at": _iso(self.updated_at),
-        }
+        result: dict[str, Any] = to_jsonable(self)
+        return result
 
     @classmethod
     def from_row(cls, row: Row[Any], backend: str) -> StoredInstance:
@@ -226,3 +231,84 @@ def stored_final_job(conn: Connection, backend_id: int, job_id: int) -> JobSumma
         return None
     summary = JobSummary.from_json(row.summary)
     return summary if summary.status.is_final else None
+
+
+def get_instance_row(conn: Connection, backend_id: int, backend: str, name: str) -> StoredInstance:
+    """The instance ``name`` of ``backend``; :class:`NotFoundError` when the database has none."""
+    row = conn.execute(
+        select(instances_t).where(instances_t.c.backend_id == backend_id, instances_t.c.name == name)
+    ).first()
+    if row is None:
+        raise NotFoundError(
+            f"instance {name} of backend {backend} is not in the database; check the name and "
+            "backend ('synnefo-ganeti instances list')"
+        )
+    return StoredInstance.from_row(row, backend)
+
+
+def add_instance_row(
+    conn: Connection, backend_id: int, backend: str, name: str, values: dict[str, Any]
+) -> StoredInstance:
+    """A new row, or a new life for a DESTROYED or ERROR one; :class:`ConflictError` otherwise."""
+    now = datetime.now(UTC)
+    values = {**values, "create_job_id": None, "state_time": None, "updated_at": now}
+    where = (instances_t.c.backend_id == backend_id, instances_t.c.name == name)
+    row = conn.execute(select(instances_t.c.id, instances_t.c.status).where(*where)).first()
+    if row is None:
+        conn.execute(insert(instances_t).values(backend_id=backend_id, name=name, created_at=now, **values))
+    elif row.status in (InstanceStatus.DESTROYED, InstanceStatus.ERROR):
+        # jobs of the name's previous life must not move the new one
+        conn.execute(
+            delete(instance_jobs_t).where(
+                instance_jobs_t.c.instance_id == row.id, instance_jobs_t.c.applied_at.is_(None)
+            )
+        )
+        conn.execute(update(instances_t).where(instances_t.c.id == row.id).values(**values))
+    else:
+        raise ConflictError(
+            f"instance {name} of backend {backend} is already in the database ({row.status}); "
+            "delete it first or pick another name"
+        )
+    return get_instance_row(conn, backend_id, backend, name)
+
+
+def record_job(
+    conn: Connection,
+    backend_id: int,
+    backend: str,
+    name: str,
+    job_id: int,
+    action: InstanceAction,
+    start: bool | None,
+    params: dict[str, Any] | None,
+) -> StoredInstance:
+    """Record ``job_id`` against instance ``name``; a final end stored already is applied now."""
+    now = datetime.now(UTC)
+    instance = get_instance_row(conn, backend_id, backend, name)
+    exists_already = conn.execute(
+        select(instance_jobs_t.c.job_id).where(
+            instance_jobs_t.c.backend_id == backend_id, instance_jobs_t.c.job_id == job_id
+        )
+    ).first()
+    if exists_already is None:
+        conn.execute(
+            insert(instance_jobs_t).values(
+                backend_id=backend_id,
+                job_id=job_id,
+                instance_id=instance.id,
+                action=action.value,
+                start=start,
+                params=params,
+                recorded_at=now,
+            )
+        )
+    if action is InstanceAction.CREATE:
+        conn.execute(
+            update(instances_t)
+            .where(instances_t.c.id == instance.id)
+            .values(create_job_id=job_id, updated_at=now)
+        )
+    summary = stored_final_job(conn, backend_id, job_id)
+    if summary is not None:
+        apply_final_jobs(conn, [(backend_id, job_id, summary)], now)
+    return get_instance_row(conn, backend_id, backend, name)

@@ -13,7 +13,7 @@ A request's life, each step one transaction:
    instance's create job recorded), or ``unplace_request`` when Ganeti certainly got
    nothing (the request may go elsewhere), or ``finish_request`` (failed, canceled).
 5. The create job's end, stored by the watcher or the reconciler, settles the request
-   in the writer's transaction (``settle_requests``): succeeded, failed or canceled.
+   in the writer's transaction (:mod:`synnefo_ganeti.store._settle`): succeeded, failed or canceled.
 
 Functions taking a ``Connection`` run inside a store transaction.
 """
@@ -22,32 +22,27 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from sqlalchemy import Connection, Row, Table, delete, func, insert, select, update
 
-from synnefo_ganeti.errors import StoreError
-from synnefo_ganeti.jobs import JobStatus, JobSummary
-from synnefo_ganeti.store._schema import Backend, BackendEvent, CreateRequest, Instance, InstanceJob
+from synnefo_ganeti._serial import to_jsonable
+from synnefo_ganeti.errors import ConflictError, InvalidError, NotFoundError, RequestNotHeldError
+from synnefo_ganeti.store._schema import Backend, CreateRequest, Instance, InstanceJob
 
 __all__ = [
-    "MAX_ATTEMPTS",
     "Request",
     "RequestNotHeldError",
     "RequestStatus",
-    "backend_events_t",
-    "is_capacity_error",
     "new_request_id",
     "request_tag",
     "requests_t",
-    "settle_requests",
 ]
 
 requests_t = cast(Table, CreateRequest.__table__)
-backend_events_t = cast(Table, BackendEvent.__table__)
 backends_t = cast(Table, Backend.__table__)
 instances_t = cast(Table, Instance.__table__)
 instance_jobs_t = cast(Table, InstanceJob.__table__)
@@ -74,10 +69,6 @@ class RequestStatus(enum.StrEnum):
     @property
     def is_final(self) -> bool:
         return self in (RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.CANCELED)
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,24 +105,27 @@ class Request:
     def placed(self) -> bool:
         return self.status is RequestStatus.PENDING and self.backend is not None
 
+    __json_fields__ = (
+        "id",
+        "status",
+        "instance",
+        "backend",
+        "job_id",
+        "error",
+        "want_backend",
+        "attempts",
+        "claimed_by",
+        "cancel_requested",
+        "created_at",
+        "updated_at",
+        "submitted_at",
+        "finished_at",
+        "spec",
+    )
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "status": self.status.value,
-            "instance": self.instance,
-            "backend": self.backend,
-            "job_id": self.job_id,
-            "error": self.error,
-            "want_backend": self.want_backend,
-            "attempts": self.attempts,
-            "claimed_by": self.claimed_by,
-            "cancel_requested": self.cancel_requested,
-            "created_at": _iso(self.created_at),
-            "updated_at": _iso(self.updated_at),
-            "submitted_at": _iso(self.submitted_at),
-            "finished_at": _iso(self.finished_at),
-            "spec": self.spec,
-        }
+        result: dict[str, Any] = to_jsonable(self)
+        return result
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Request:
@@ -169,7 +163,7 @@ def get(conn: Connection, request_id: str) -> Request | None:
 def must_get(conn: Connection, request_id: str) -> Request:
     found = get(conn, request_id)
     if found is None:
-        raise StoreError(
+        raise NotFoundError(
             f"request {request_id} is not in the database; check the id ('synnefo-ganeti requests list')"
         )
     return found
@@ -187,7 +181,7 @@ def add(
     existing = get(conn, request_id)
     if existing is not None:
         if existing.instance != name:
-            raise StoreError(
+            raise ConflictError(
                 f"request {request_id} already exists for instance {existing.instance}, not {name}; "
                 "a request id names one create (leave it out to get a new one)"
             )
@@ -287,10 +281,6 @@ def release(conn: Connection, dispatcher: str) -> int:
     return int(result.rowcount or 0)
 
 
-class RequestNotHeldError(StoreError):
-    """The dispatcher no longer holds the request (it ended, was canceled, or was taken over)."""
-
-
 def _held(conn: Connection, request_id: str, dispatcher: str) -> Request:
     request = must_get(conn, request_id)
     if request.status is not RequestStatus.PENDING or request.claimed_by != dispatcher:
@@ -311,7 +301,7 @@ def finish(
 ) -> Request:
     """End a request that never became a job (failed placement or submission, canceled)."""
     if not status.is_final:
-        raise ValueError(f"{status} is not a final request status")
+        raise InvalidError(f"{status} is not a final request status; use succeeded, failed or canceled")
     if dispatcher is not None:
         _held(conn, request_id, dispatcher)
     now = datetime.now(UTC)
@@ -404,105 +394,6 @@ def request_cancel(conn: Connection, request_id: str) -> tuple[Request, bool]:
     return request, False  # submitted: only Ganeti can cancel its job now
 
 
-def settle_requests(
-    conn: Connection, backend_id: int, finals: Iterable[tuple[int, JobSummary]], now: datetime
-) -> int:
-    """The create jobs in ``finals`` ended: their submitted requests end with them."""
-    by_job = dict(finals)
-    if not by_job:
-        return 0
-    rows = conn.execute(
-        select(requests_t.c.id, requests_t.c.job_id, requests_t.c.attempts).where(
-            requests_t.c.backend_id == backend_id,
-            requests_t.c.job_id.in_(list(by_job)),
-            requests_t.c.status == RequestStatus.SUBMITTED.value,
-        )
-    ).all()
-    for row in rows:
-        summary = by_job[row.job_id]
-        status, error = _outcome(summary)
-        if status is RequestStatus.FAILED and is_capacity_error(error) and row.attempts < MAX_ATTEMPTS:
-            # The backend had no room after all (its node stats were older than the
-            # creates that filled it): the request goes back to be placed again.
-            conn.execute(
-                update(requests_t)
-                .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
-                .values(
-                    status=RequestStatus.PENDING.value,
-                    backend_id=None,
-                    job_id=None,
-                    claimed_by=None,
-                    claimed_at=None,
-                    submitted_at=None,
-                    error=f"job {row.job_id} found no room ({error}); placing it again",
-                    updated_at=now,
-                )
-            )
-            continue
-        conn.execute(
-            update(requests_t)
-            .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
-            .values(status=status.value, error=error, finished_at=now, updated_at=now)
-        )
-    return len(rows)
-
-
-def settle_by_instance(conn: Connection, backend_id: int, job_id: int, instance_status: str) -> None:
-    """The reconciler settled a BUILD instance without the job's end: the request follows."""
-    if instance_status in ("STARTED", "STOPPED"):
-        status, error = RequestStatus.SUCCEEDED, None
-    elif instance_status in ("ERROR", "DESTROYED"):
-        status, error = RequestStatus.FAILED, f"the reconciler found the instance {instance_status}"
-    else:
-        return
-    settle_job(conn, backend_id, job_id, status, error)
-
-
-def settle_job(
-    conn: Connection, backend_id: int, job_id: int, status: RequestStatus, error: str | None
-) -> None:
-    """End the submitted request of create job ``job_id`` as ``status`` (a final one)."""
-    now = datetime.now(UTC)
-    conn.execute(
-        update(requests_t)
-        .where(
-            requests_t.c.backend_id == backend_id,
-            requests_t.c.job_id == job_id,
-            requests_t.c.status == RequestStatus.SUBMITTED.value,
-        )
-        .values(status=status.value, error=error, finished_at=now, updated_at=now)
-    )
-
-
-#: placements of one request at most: a create that fails for lack of room is placed again
-#: (elsewhere if need be) until this many attempts were made
-MAX_ATTEMPTS = 5
-
-_CAPACITY_ERRORS = (
-    "not enough memory",
-    "not enough disk",
-    "insufficient_resources",
-    "insufficient resources",
-    "no valid allocation",
-)
-
-
-def is_capacity_error(message: str | None) -> bool:
-    """Whether a failed create's message says the backend had no room (Ganeti's ECODE_NORES)."""
-    text = (message or "").lower()
-    return any(marker in text for marker in _CAPACITY_ERRORS)
-
-
-def _outcome(summary: JobSummary) -> tuple[RequestStatus, str | None]:
-    status = summary.status
-    if status is JobStatus.SUCCESS:
-        return RequestStatus.SUCCEEDED, None
-    if status is JobStatus.CANCELED:
-        return RequestStatus.CANCELED, f"job {summary.job_id} was canceled"
-    errors = [op.error for op in summary.ops if op.error]
-    return RequestStatus.FAILED, errors[0] if errors else f"job {summary.job_id} ended in {status.value}"
-
-
 def list_requests(
     conn: Connection,
     *,
@@ -544,22 +435,3 @@ def counts(
         query = query.where(requests_t.c.status.in_([s.value for s in statuses]))
     rows = conn.execute(query)
     return {(row[0], row[1]): int(row[2]) for row in rows}
-
-
-def add_backend_event(conn: Connection, backend_id: int, kind: str, message: str) -> None:
-    conn.execute(
-        insert(backend_events_t).values(
-            backend_id=backend_id, kind=kind, message=message, at=datetime.now(UTC)
-        )
-    )
-
-
-def set_health(conn: Connection, backend_id: int, up: bool, detail: str | None, *, event: str | None) -> None:
-    now = datetime.now(UTC)
-    conn.execute(
-        update(backends_t)
-        .where(backends_t.c.id == backend_id)
-        .values(health="up" if up else "down", health_at=now, health_detail=detail)
-    )
-    if event is not None:
-        add_backend_event(conn, backend_id, "up" if up else "down", event)

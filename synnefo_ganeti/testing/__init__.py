@@ -8,8 +8,9 @@ Never imported by the runtime code.
 from __future__ import annotations
 
 from synnefo_ganeti.testing._cluster import FakeInstance, FakeNode
-from synnefo_ganeti.testing._engine import DEFAULT_OP_TIMES, FakeCluster, FakeJob
+from synnefo_ganeti.testing._engine import DEFAULT_OP_TIMES, FakeCluster
 from synnefo_ganeti.testing._fake import FakeGaneti
+from synnefo_ganeti.testing._jobs import FakeJob
 from synnefo_ganeti.testing._proxy import PROXY_MODES, ChaosProxy
 from synnefo_ganeti.testing._server import FAULT_KINDS, Fault
 from synnefo_ganeti.testing._structure import shape_of, structure_diff

@@ -1,13 +1,21 @@
-"""The fake cluster and its job engine.
+"""The fake cluster and its job engine: the queue, the scheduling and execution of jobs, the job files.
 
 Design, and why:
 
 * Every job runs as one asyncio task, as Ganeti runs one executor process per job.
   At most ``max_running_jobs`` run at once (Ganeti's cluster setting, 20 by
   default); the others stay ``queued`` in submission order.
-* Instance ops take their primary node's lock for their whole run, as Ganeti's
-  node locks serialise instance operations on a node; an op waiting for a lock
-  is ``waiting``, as in Ganeti.
+* Each op first takes the locks its LU asks for (the opcode's ``locks=`` in the
+  registry; instance, node and node-res locks as wconfd grants them, :mod:`._locks`),
+  as ``mcpu.Processor._LockAndExecLU`` does; while it waits it is ``waiting``
+  (``_JobProcessor._MarkWaitlock``), and it turns ``running`` with its
+  ``exec_timestamp`` only once it holds them (``_OpExecCallbacks.NotifyStart``).
+  A handler releases locks early where its LU's ``Exec`` does (:meth:`FakeCluster.release`);
+  the rest are freed when the op ends.
+* An op that fails with ``ECODE_TEMP_NORES`` (an opportunistic create that found no
+  node among the ones it could lock) is retried with all locks, as
+  ``_LockAndExecLU`` calls ``lu.PrepareRetry`` (its feedback line in the op log) and
+  ``NotifyRetry`` (back to ``waiting``).
 * Each op goes ``queued -> waiting -> running -> success | error``; checks that
   Ganeti makes in ``CheckPrereq`` fail straight from ``waiting`` (no
   ``exec_timestamp``), the others after ``running``. A failed op fails the ops
@@ -16,6 +24,9 @@ Design, and why:
   :mod:`._queue`): three luxid versions on submit, then the executor's versions
   (waiting, running, one per log line, final); a cancel is luxid's.
 * Every change also wakes ``/2/jobs/ID/wait`` long-polls (one event per job).
+* What an op does is its handler's, found in the registry (:mod:`._registry`) by
+  ``OP_ID``: instance ops in :mod:`._ops_create` and :mod:`._ops_instances`, the others in :mod:`._ops_cluster`;
+  placement checks in :mod:`._placement`; jobs and ops themselves in :mod:`._jobs`.
 """
 
 from __future__ import annotations
@@ -25,26 +36,23 @@ import itertools
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
-from synnefo_ganeti.jobs import JobStatus, calc_job_status
-from synnefo_ganeti.testing import _opcodes
-from synnefo_ganeti.testing._cluster import (
-    FakeInstance,
-    FakeNode,
-    OpFailure,
-    free_capacity,
-    instance_view,
-    new_mac,
-    node_view,
-    parse_size,
-)
+from synnefo_ganeti.jobs import JobStatus
+from synnefo_ganeti.testing import _opcodes, _ops_cluster, _ops_create, _ops_instances
+from synnefo_ganeti.testing._cluster import FakeInstance, FakeNode, OpFailure, instance_view, node_view
+from synnefo_ganeti.testing._jobs import FakeJob, FakeOp, now_ts
+from synnefo_ganeti.testing._locks import LockManager, Request
 from synnefo_ganeti.testing._queue import QueueDir
+from synnefo_ganeti.testing._registry import LOCKS, OPCODES
 
 __all__ = ["DEFAULT_OP_TIMES", "FakeCluster", "FakeJob", "FakeOp"]
 
-Timestamp = list[int]
+_BEPARAMS_DEFAULTS = _ops_create.BEPARAMS_DEFAULTS  # the name benchmarks/reconcile.py imports
+_HANDLER_MODULES = (_ops_cluster, _ops_create, _ops_instances)
+TEMP_NORES = (
+    "temp_insufficient_resources"  # errors.ECODE_TEMP_NORES  # imported for their @opcode registrations
+)
 
 DEFAULT_OP_TIMES: dict[str, float] = {
     "OP_INSTANCE_CREATE": 0.3,
@@ -56,154 +64,6 @@ DEFAULT_OP_TIMES: dict[str, float] = {
     "OP_INSTANCE_MULTI_ALLOC": 0.02,
     "dry_run": 0.02,
 }
-
-_BEPARAMS_DEFAULTS = {"vcpus": 1, "auto_balance": True, "always_failover": False, "spindle_use": 1}
-_INSTANCE_OPS = frozenset(
-    {"OP_INSTANCE_CREATE", "OP_INSTANCE_REMOVE", "OP_INSTANCE_STARTUP", "OP_INSTANCE_SHUTDOWN",
-     "OP_INSTANCE_REBOOT", "OP_INSTANCE_SET_PARAMS"}
-)  # fmt: skip
-
-
-def now_ts() -> Timestamp:
-    t = time.time()
-    return [int(t), int((t % 1) * 1_000_000)]
-
-
-@dataclass
-class FakeOp:
-    luxid: dict[str, Any]
-    status: JobStatus = JobStatus.QUEUED
-    result: Any = None
-    log: list[list[Any]] = field(default_factory=list)
-    start_timestamp: Timestamp | None = None
-    exec_timestamp: Timestamp | None = None
-    end_timestamp: Timestamp | None = None
-    _stage: str = "luxid"
-    resolved: dict[str, Any] = field(default_factory=dict)
-    allocated: str | None = None  # the node an allocator chose for a create without pnode
-    reserved: int = 0  # memory held on that node until the op ends
-    _input: dict[str, Any] | None = None  # the input of the current stage, built once
-
-    @property
-    def op_id(self) -> str:
-        return str(self.luxid["OP_ID"])
-
-    @property
-    def stage(self) -> str:
-        """``luxid``, ``waiting`` or ``resolved``: which form of the input is written (see _opcodes)."""
-        return self._stage
-
-    @stage.setter
-    def stage(self, value: str) -> None:
-        if value != self._stage:
-            self._stage = value
-            self._input = None
-
-    def resolve(self, **values: Any) -> None:
-        self.resolved.update(values)
-        self._input = None
-
-    def file_entry(self, *, priority_first: bool) -> dict[str, Any]:
-        """The op in a job file; luxid puts ``priority`` before the timestamps, the executor after."""
-        entry: dict[str, Any] = {
-            "input": self.input,
-            "status": self.status.value,
-            "result": self.result,
-            "log": self.log,
-        }
-        if priority_first:
-            entry["priority"] = 0
-        entry |= {
-            "start_timestamp": self.start_timestamp,
-            "exec_timestamp": self.exec_timestamp,
-            "end_timestamp": self.end_timestamp,
-        }
-        if not priority_first:
-            entry["priority"] = 0
-        return entry
-
-    @property
-    def input(self) -> dict[str, Any]:
-        if self._input is None:
-            if self._stage == "luxid":
-                self._input = self.luxid
-            elif self._stage == "waiting":
-                self._input = _opcodes.waiting_input(self.luxid)
-            else:
-                self._input = _opcodes.resolved_input(self.luxid, self.resolved)
-        return self._input
-
-
-@dataclass
-class FakeJob:
-    id: int
-    ops: list[FakeOp]
-    received_timestamp: Timestamp
-    start_timestamp: Timestamp | None = None
-    end_timestamp: Timestamp | None = None
-    livelock: str | None = None
-    process_id: int | None = None
-    log_serial: int = 0
-    archived: bool = False
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    cancel_requested: bool = False
-
-    @property
-    def status(self) -> JobStatus:
-        return calc_job_status(op.status for op in self.ops)
-
-    def notify(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-    def luxid_file(self) -> dict[str, Any]:
-        """The job file as luxid writes it (queued versions, cancel): its key order, ``livelock`` only once set."""
-        content: dict[str, Any] = {
-            "id": self.id,
-            "ops": [op.file_entry(priority_first=True) for op in self.ops],
-            "received_timestamp": self.received_timestamp,
-            "start_timestamp": self.start_timestamp,
-            "end_timestamp": self.end_timestamp,
-        }
-        if self.livelock is not None:
-            content["livelock"] = self.livelock
-        return content
-
-    def executor_file(self) -> dict[str, Any]:
-        """The job file as the job's executor writes it (waiting, running, log lines, end)."""
-        return {
-            "id": self.id,
-            "ops": [op.file_entry(priority_first=False) for op in self.ops],
-            "start_timestamp": self.start_timestamp,
-            "end_timestamp": self.end_timestamp,
-            "received_timestamp": self.received_timestamp,
-            "livelock": self.livelock,
-            "process_id": self.process_id,
-        }
-
-    def rapi_view(self, *, bulk: bool = False) -> dict[str, Any]:
-        """``GET /2/jobs/ID`` (``bulk``: an item of ``/2/jobs?bulk=1``, without oplog and opresult)."""
-        view: dict[str, Any] = {
-            "id": self.id,
-            "ops": [_opcodes.rapi_input(op.input) for op in self.ops],
-            "status": self.status.value,
-            "summary": [_opcodes.summary(op.input) for op in self.ops],
-            "opstatus": [op.status.value for op in self.ops],
-            "received_ts": self.received_timestamp,
-            "start_ts": self.start_timestamp,
-            "end_ts": self.end_timestamp,
-        }
-        if not bulk:
-            view["oplog"] = [op.log for op in self.ops]
-            view["opresult"] = [op.result for op in self.ops]
-        return view
-
-    def wait_info(self, fields: list[str]) -> list[Any]:
-        view = self.rapi_view()
-        return [view.get(name) for name in fields]
-
-    def log_since(self, serial: int) -> list[list[Any]]:
-        return sorted((entry for op in self.ops for entry in op.log if entry[0] > serial), key=lambda e: e[0])
 
 
 class FakeCluster:
@@ -225,6 +85,8 @@ class FakeCluster:
         max_running_jobs: int = 20,
         op_times: dict[str, float] | None = None,
         archive_after: float | None = None,
+        opportunistic_retry: float = 2.0,
+        default_iallocator: str = "hail",
     ) -> None:
         self.name = name
         if isinstance(nodes, int):
@@ -251,8 +113,14 @@ class FakeCluster:
         self._pending: list[FakeJob] = []
         self._running: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._node_locks: dict[str, asyncio.Lock] = {}
-        self._reserved: dict[str, int] = {}
+        self.locks = LockManager(
+            lambda level: list(self.nodes) if level != "instance" else list(self.instances)
+        )
+        #: seconds between an opportunistic create's lock attempts (``SimpleRetry(..., 2.0, ...)``
+        #: in ``mcpu.Processor._AcquireLocks``)
+        self.opportunistic_retry = opportunistic_retry
+        self.default_iallocator = default_iallocator  # the cluster's default_iallocator (/2/info)
+        self.reserved: dict[str, int] = {}  # node -> memory held by creates placed there, until they end
         self._boot = int(time.time())
         self._closed = False
 
@@ -367,7 +235,8 @@ class FakeCluster:
             self.queue.write_job(job.id, job.luxid_file() if luxid else job.executor_file(), luxid=luxid)
         job.notify()
 
-    def _log(self, job: FakeJob, op: FakeOp, message: str) -> None:
+    def log(self, job: FakeJob, op: FakeOp, message: str) -> None:
+        """Append a ``message`` line to the op's log (an LU's ``feedback_fn``/``LogInfo``)."""
         job.log_serial += 1
         op.log.append([job.log_serial, now_ts(), "message", message])
         self._write(job)
@@ -420,25 +289,38 @@ class FakeCluster:
         return True
 
     async def _run_op(self, job: FakeJob, op: FakeOp) -> bool:
-        """Run one op; True on success."""
-        node = self._lock_node(op)
-        lock = self._node_locks.setdefault(node, asyncio.Lock()) if node else None
+        """Run one op, as ``mcpu.Processor.ExecOpCode``; True on success."""
         try:
-            if lock is not None:
-                await lock.acquire()
-            if job.cancel_requested:
-                op.status = JobStatus.CANCELED
-                op.end_timestamp = now_ts()
-                return False
-            # Past the locks the executor resolves the opcode (uuids still unset): a
-            # CheckPrereq failure is written with that form, and no exec_timestamp.
-            op.stage = "resolved"
-            handler = getattr(self, f"_op_{op.op_id.removeprefix('OP_').lower()}", None)
-            if handler is None:
-                raise OpFailure(
-                    "OpPrereqError", f"Opcode {op.op_id} is not supported by the fake Ganeti", "wrong_input"
-                )
-            await handler(job, op)
+            while True:
+                await self._acquire(job, op)
+                if job.cancel_requested:
+                    op.status = JobStatus.CANCELED
+                    op.end_timestamp = now_ts()
+                    return False
+                # Past the locks the executor resolves the opcode (uuids still unset): a
+                # CheckPrereq failure is written with that form, and no exec_timestamp.
+                op.stage = "resolved"
+                handler = OPCODES.get(op.op_id)
+                if handler is None:
+                    raise OpFailure(
+                        "OpPrereqError",
+                        f"Opcode {op.op_id} is not supported by the fake Ganeti",
+                        "wrong_input",
+                    )
+                try:
+                    await handler(self, job, op)
+                    break
+                except OpFailure as failure:
+                    if failure.ecode != TEMP_NORES:
+                        raise
+                # mcpu.Processor._LockAndExecLU: ECODE_TEMP_NORES -> LUInstanceCreate.PrepareRetry
+                # (its feedback, opportunistic_locking off), NotifyRetry (waiting), locks freed.
+                self.log(job, op, "* falling back to full lock allocation")
+                op.resolve(opportunistic_locking=False)
+                self._unreserve(op)
+                self.locks.release_all(op)
+                op.status = JobStatus.WAITING
+                self._write(job)
             op.status = JobStatus.SUCCESS
             op.end_timestamp = now_ts()
             return True
@@ -448,327 +330,87 @@ class FakeCluster:
             op.end_timestamp = now_ts()
             return False
         finally:
-            if lock is not None and lock.locked():
-                lock.release()
-            if op.allocated is not None:
-                self._reserved[op.allocated] -= op.reserved
-                op.reserved = 0
+            self.locks.release_all(op)
+            self._unreserve(op)
 
-    def _lock_node(self, op: FakeOp) -> str | None:
-        if op.op_id not in _INSTANCE_OPS:
-            return None
-        if op.op_id == "OP_INSTANCE_CREATE":
-            return op.luxid.get("pnode") or self._allocate(op)
-        inst = self.instances.get(str(op.luxid.get("instance_name")))
-        return inst.pnode if inst is not None else None
+    async def _acquire(self, job: FakeJob, op: FakeOp) -> None:
+        """Take the locks the op's LU asks for, level by level as ``mcpu.Processor._LockAndExecLU``.
 
-    def _free(self, node: FakeNode) -> tuple[int | None, int | None]:
-        return free_capacity(node, self.instances.values())
+        Levels not acquired opportunistically are collated into one request, granted whole;
+        opportunistic ones (``LUInstanceCreate.ExpandNames`` with ``opportunistic_locking``)
+        take the free node locks (at least ``opportunistic`` of them), then the free
+        node-res locks of those nodes (``DeclareLocks``), retrying every ``opportunistic_retry``
+        seconds while too few are free (``mcpu.Processor._AcquireLocks``).
+        """
+        declare = LOCKS.get(op.op_id)
+        if declare is None:
+            return
+        needs = declare(self, op)
+        request = Request()
+        if needs.instance is not None:
+            request.add("instance", needs.instance)
+        for level, names in (("node", needs.node), ("node-res", needs.node_res)):
+            if names is not None and not needs.opportunistic:
+                request.add(level, names, shared=needs.shared)
+        await self.locks.acquire(op, request)
+        if needs.opportunistic:
+            nodes = await self._union(job, op, "node", list(self.nodes), needs.opportunistic)
+            await self._union(job, op, "node-res", nodes, needs.opportunistic)
 
-    def _allocate(self, op: FakeOp) -> str | None:
-        """Like an iallocator: the usable node with the most free memory, less what creates
-        already placed there still hold (so a burst of creates spreads over the nodes)."""
-        usable = [n for n in self.nodes.values() if not n.offline and not n.drained and n.vm_capable]
-        if not usable:
-            return None
-        node = max(usable, key=lambda n: ((self._free(n)[0] or 0) - self._reserved.get(n.name, 0), n.name))
-        beparams = op.luxid.get("beparams") or {}
-        try:
-            memory = parse_size("memory", beparams.get("memory", beparams.get("maxmem", 128)))
-        except OpFailure:
-            memory = 0
-        op.allocated, op.reserved = node.name, memory
-        self._reserved[node.name] = self._reserved.get(node.name, 0) + memory
-        return node.name
+    async def _union(self, job: FakeJob, op: FakeOp, level: str, names: list[str], count: int) -> list[str]:
+        while True:  # polled, as Ganeti polls: wconfd does not wake an opportunistic request
+            got = self.locks.try_union(op, level, names, count)
+            if got or job.cancel_requested:
+                return got
+            await asyncio.sleep(self.opportunistic_retry)
 
-    def _start_running(self, job: FakeJob, op: FakeOp, **resolved: Any) -> None:
+    def _unreserve(self, op: FakeOp) -> None:
+        if op.allocated is not None and op.reserved:
+            self.reserved[op.allocated] -= op.reserved
+            op.reserved = 0
+
+    # ------------------------------------------------------------------ for the opcode handlers
+
+    def start_running(self, job: FakeJob, op: FakeOp, **resolved: Any) -> None:
+        """The op starts executing (``running``, ``exec_timestamp``), its input resolved with ``resolved``."""
         op.resolve(**resolved)
         op.stage = "resolved"
         op.status = JobStatus.RUNNING
         op.exec_timestamp = now_ts()
         self._write(job)
 
-    async def _work(self, job: FakeJob, op: FakeOp, messages: list[str], seconds: float) -> None:
+    async def work(self, job: FakeJob, op: FakeOp, messages: list[str], seconds: float) -> None:
         """Spend ``seconds`` in the op, writing one log line per message along the way."""
         steps = max(1, len(messages))
         for message in messages:
             await asyncio.sleep(seconds / steps)
-            self._log(job, op, message)
+            self.log(job, op, message)
         if not messages:
             await asyncio.sleep(seconds)
 
-    def _time(self, op: FakeOp) -> float:
+    def release(self, op: FakeOp, level: str, keep: list[str] | tuple[str, ...] = ()) -> None:
+        """``ReleaseLocks(lu, level, keep=keep)``: the op gives back its ``level`` locks but ``keep``."""
+        self.locks.release_level(op, level, keep)
+
+    def reserve(self, op: FakeOp, node: str, memory: int) -> None:
+        """Count ``memory`` as used on ``node`` until the op ends (a create placed there, not yet started)."""
+        self._unreserve(op)
+        op.allocated, op.reserved = node, memory
+        self.reserved[node] = self.reserved.get(node, 0) + memory
+
+    def op_time(self, op: FakeOp) -> float:
+        """How long the op runs: ``op_times[OP_ID]`` (``op_times["dry_run"]`` for a dry run)."""
         if op.luxid.get("dry_run"):
             return self.op_times["dry_run"]
         return self.op_times.get(op.op_id, 0.05)
 
-    def _instance(self, op: FakeOp) -> FakeInstance:
+    def op_instance(self, op: FakeOp) -> FakeInstance:
+        """The instance the op names, or Ganeti's ``unknown_entity`` failure."""
         name = str(op.luxid.get("instance_name"))
         inst = self.instances.get(name)
         if inst is None:
             raise OpFailure("OpPrereqError", f"Instance '{name}' not known", "unknown_entity")
         return inst
-
-    # ------------------------------------------------------------------ opcodes
-
-    async def _op_instance_create(self, job: FakeJob, op: FakeOp) -> None:
-        p = op.luxid
-        name = str(p["instance_name"])
-        op.resolve(osparams_private=None, osparams_secret=None)
-        if name in self.instances:
-            raise OpFailure("OpPrereqError", f"Instance '{name}' is already in the cluster", "already_exists")
-        template = str(p.get("disk_template"))
-        if template not in self.disk_templates:
-            raise OpFailure(
-                "OpPrereqError",
-                f"Cannot create an instance with disk template '{template}', as it's not enabled in cluster. "
-                f"Enabled disk templates are: {','.join(self.disk_templates)}",
-                "wrong_input",
-            )
-        node = self.nodes[op.allocated] if op.allocated is not None else self._choose_node(p, name)
-        file_driver = p.get("file_driver") or ("loop" if template in ("file", "sharedfile") else None)
-        self._start_running(
-            job, op, pnode=node.name, pnode_uuid=node.uuid, hypervisor=p.get("hypervisor") or self.hypervisor,
-            file_driver=file_driver,
-        )  # fmt: skip
-        # Once running, the executor has turned "memory" into maxmem/minmem (written with what
-        # comes next); the private/secret OS parameters appear with the first log line.
-        beparams = dict(p.get("beparams") or {})
-        memory = beparams.pop("memory", None)
-        for key in ("maxmem", "minmem"):
-            if memory is not None:
-                beparams.setdefault(key, memory)
-        op.resolve(
-            beparams={key: beparams[key] for key in ("maxmem", "minmem") if key in beparams}
-            | {key: value for key, value in beparams.items() if key not in ("maxmem", "minmem")}
-        )
-        custom = {
-            key: parse_size(key, value) if key in ("maxmem", "minmem") else value
-            for key, value in beparams.items()
-        }
-        maxmem = int(custom.get("maxmem", 128))
-        vcpus = custom.get("vcpus", 1)
-        if not isinstance(vcpus, int) or isinstance(vcpus, bool):
-            raise OpFailure(
-                "TypeEnforcementError", f"'vcpus' (value {vcpus}) is not a valid int", prereq=False
-            )
-        op.resolve(osparams_private={}, osparams_secret={})
-        disks = [dict(d) for d in p.get("disks") or []]
-        for index, disk in enumerate(disks):
-            disk["size"] = parse_size(f"disk/{index}", disk.get("size"))
-        self._check_policy(maxmem, vcpus, template, disks)
-        if str(p.get("os_type")) not in self.oses:
-            raise OpFailure(
-                "OpExecError",
-                f"OS Parameters validation failed on node {node.name}: Directory for OS {p.get('os_type')} not "
-                "found in search path",
-                prereq=False,
-            )
-        self._check_room(node, maxmem if p.get("start", True) else 0, disks, template, name)
-        if p.get("dry_run"):
-            await self._work(
-                job,
-                op,
-                [" - INFO: dry-run mode requested, not actually executing the operation"],
-                self._time(op),
-            )
-            op.result = [node.uuid]
-            return
-        messages = [
-            "* creating instance disks...",
-            f"adding instance {name} to cluster config",
-            "adding disks to cluster config",
-        ]
-        if p.get("start", True):
-            messages.append("* starting instance...")
-        await self._work(job, op, messages[:1], self._time(op) / len(messages))
-        full = _BEPARAMS_DEFAULTS | custom
-        full.setdefault("minmem", maxmem)
-        full.setdefault("maxmem", maxmem)
-        full["memory"] = full["maxmem"]
-        inst = FakeInstance(
-            name=name, pnode=node.name, os=str(p.get("os_type")), disk_template=template,
-            hypervisor=str(p.get("hypervisor") or self.hypervisor), beparams=full,
-            custom_beparams={k: v for k, v in custom.items() if k != "memory"},
-            nics=[{"mac": new_mac(), "uuid": str(uuid.uuid4()), "mode": nic.get("mode", "bridged"),
-                   "link": nic.get("link", self.link), "ip": nic.get("ip"), "name": nic.get("name"),
-                   "network": nic.get("network")} for nic in p.get("nics") or []],
-            disks=[{"size": d["size"], "uuid": str(uuid.uuid4()), "name": d.get("name")} for d in disks],
-            tags=list(p.get("tags") or []), hvparams=dict(p.get("hvparams") or {}),
-            admin_state="up" if p.get("start", True) else "down", oper_state=False,
-        )  # fmt: skip
-        self.instances[name] = inst
-        await self._work(job, op, messages[1:], self._time(op) * (len(messages) - 1) / len(messages))
-        inst.oper_state = bool(p.get("start", True))
-        op.result = [node.name]
-
-    def _choose_node(self, p: dict[str, Any], name: str) -> FakeNode:
-        wanted = p.get("pnode")
-        if wanted:
-            node = self.nodes.get(str(wanted))
-            if node is None:
-                raise OpFailure("OpPrereqError", f"Node '{wanted}' not known", "unknown_entity")
-            if node.offline:
-                raise OpFailure(
-                    "OpPrereqError", f"Cannot use offline primary node '{node.name}'", "wrong_state"
-                )
-            if node.drained:
-                raise OpFailure(
-                    "OpPrereqError", f"Cannot use drained primary node '{node.name}'", "wrong_state"
-                )
-            return node
-        usable = [n for n in self.nodes.values() if not n.offline and not n.drained and n.vm_capable]
-        if not usable:
-            raise OpFailure(
-                "OpPrereqError",
-                f"Can't compute nodes using iallocator 'hail': Request failed: No valid allocation solutions "
-                f"for instance {name}",
-                "insufficient_resources",
-            )
-        return max(usable, key=lambda n: (self._free(n)[0] or 0, n.name))
-
-    def _check_policy(self, memory: int, vcpus: int, template: str, disks: list[dict[str, Any]]) -> None:
-        problems = []
-        if not 128 <= memory <= 32768:
-            problems.append(f"memory-size value {memory} is not in range [128, 32768]")
-        if not 1 <= vcpus <= 8:
-            problems.append(f"cpu-count value {vcpus} is not in range [1, 8]")
-        if template != "diskless":
-            problems += [
-                f"disk-size/{i} value {d['size']} is not in range [1024, 1048576]"
-                for i, d in enumerate(disks)
-                if not 1024 <= d["size"] <= 1048576
-            ]
-        if problems:
-            raise OpFailure(
-                "OpPrereqError",
-                f"Instance allocation to group {self.group_uuid} (default) violates policy: {', '.join(problems)}",
-                "wrong_input",
-                prereq=False,
-            )
-
-    def _check_room(
-        self, node: FakeNode, memory: int, disks: list[dict[str, Any]], template: str, name: str
-    ) -> None:
-        mfree, dfree = self._free(node)
-        if memory and mfree is not None and memory > mfree:
-            raise OpFailure(
-                "OpPrereqError",
-                f"Not enough memory on node {node.name} for starting instance {name}: needed {memory} MiB, "
-                f"available {mfree} MiB",
-                "insufficient_resources",
-                prereq=False,
-            )
-        needed = 0 if template == "diskless" else sum(d["size"] for d in disks)
-        if needed and dfree is not None and needed > dfree:
-            raise OpFailure(
-                "OpPrereqError",
-                f"Not enough disk space on target node {node.name} vg xenvg: required {needed} MiB, available "
-                f"{dfree} MiB",
-                "insufficient_resources",
-                prereq=False,
-            )
-
-    async def _op_instance_remove(self, job: FakeJob, op: FakeOp) -> None:
-        inst = self._instance(op)
-        self._start_running(job, op, instance_uuid=inst.uuid)
-        await self._work(job, op, [], self._time(op))
-        if not op.luxid.get("dry_run"):
-            self.instances.pop(inst.name, None)
-
-    async def _op_instance_shutdown(self, job: FakeJob, op: FakeOp) -> None:
-        inst = self._instance(op)
-        self._start_running(job, op, instance_uuid=inst.uuid)
-        await self._work(job, op, [], self._time(op))
-        if not op.luxid.get("dry_run"):
-            inst.oper_state = False
-            if not op.luxid.get("no_remember"):
-                inst.admin_state = "down"
-            inst.touch()
-
-    async def _op_instance_startup(self, job: FakeJob, op: FakeOp) -> None:
-        inst = self._instance(op)
-        node = self.nodes[inst.pnode]
-        if not inst.oper_state:
-            self._check_room(node, inst.memory, [], "diskless", inst.name)
-        self._start_running(job, op, instance_uuid=inst.uuid)
-        await self._work(job, op, [], self._time(op))
-        if not op.luxid.get("dry_run"):
-            inst.oper_state = True
-            inst.admin_state = "up"
-            inst.touch()
-
-    async def _op_instance_reboot(self, job: FakeJob, op: FakeOp) -> None:
-        inst = self._instance(op)
-        if inst.admin_state != "up":
-            raise OpFailure(
-                "OpPrereqError", f"Instance {inst.name} is marked to be down, cannot reboot", "wrong_state"
-            )
-        self._start_running(job, op, instance_uuid=inst.uuid)
-        await self._work(job, op, [], self._time(op))
-        if not op.luxid.get("dry_run"):
-            inst.oper_state = True
-
-    async def _op_instance_set_params(self, job: FakeJob, op: FakeOp) -> None:
-        inst = self._instance(op)
-        p = op.luxid
-        beparams = dict(p.get("beparams") or {})
-        if not any(p.get(key) for key in ("beparams", "hvparams", "nics", "disks", "osparams", "os_name")):
-            raise OpFailure("OpPrereqError", "No changes submitted", "wrong_input")
-        self._start_running(job, op, instance_uuid=inst.uuid)
-        changes: list[list[Any]] = []
-        if "memory" in beparams:
-            memory = beparams.pop("memory")
-            beparams.setdefault("maxmem", memory)
-            beparams.setdefault("minmem", memory)
-        for key, value in beparams.items():
-            if key in ("maxmem", "minmem"):
-                value = parse_size(key, value)
-            elif key == "vcpus" and (not isinstance(value, int) or isinstance(value, bool)):
-                raise OpFailure(
-                    "TypeEnforcementError", f"'vcpus' (value {value}) is not a valid int", prereq=False
-                )
-            beparams[key] = value
-            changes.append([f"be/{key}", value])
-        changes += [[f"hv/{key}", value] for key, value in (p.get("hvparams") or {}).items()]
-        await self._work(job, op, [], self._time(op))
-        if not p.get("dry_run"):
-            inst.beparams.update(beparams)
-            inst.beparams["memory"] = inst.beparams.get("maxmem", inst.memory)
-            inst.custom_beparams.update(beparams)
-            inst.hvparams.update(p.get("hvparams") or {})
-            inst.touch()
-        op.result = changes
-
-    async def _op_instance_multi_alloc(self, job: FakeJob, op: FakeOp) -> None:
-        children: list[dict[str, Any]] = []
-        resolved_children: list[dict[str, Any]] = []
-        for body in op.luxid.get("instances") or []:
-            params = dict(body) | {"comment": "Submitted by OP_INSTANCE_MULTI_ALLOC"}
-            children.append(params)
-            node = self._choose_node(params, str(params.get("instance_name")))
-            child = _opcodes.luxid_input("OP_INSTANCE_CREATE", params, op.luxid["reason"], dry_run=False)
-            resolved = _opcodes.resolved_input(
-                child,
-                {"pnode": node.name, "pnode_uuid": node.uuid, "hypervisor": params.get("hypervisor") or self.hypervisor,
-                 "helper_startup_timeout": None, "helper_shutdown_timeout": None},
-            )  # fmt: skip
-            resolved_children.append(resolved | {"dry_run": None})
-        self._start_running(job, op, instances=resolved_children, iallocator=op.luxid.get("iallocator"))
-        await self._work(job, op, [], self._time(op))
-        dry_run = bool(op.luxid.get("dry_run"))
-        ids = [self.submit([("OP_INSTANCE_CREATE", child)], resource="instances_multi_alloc", dry_run=dry_run)
-               for child in children]  # fmt: skip
-        op.result = {
-            "allocatable": [str(child.get("instance_name")) for child in children],
-            "failed": [],
-            "jobs": [[True, job_id] for job_id in ids],
-        }
-
-    async def _op_test_delay(self, job: FakeJob, op: FakeOp) -> None:
-        nodes = [self.nodes[name].uuid for name in op.luxid.get("on_nodes") or [] if name in self.nodes]
-        self._start_running(job, op, duration=float(op.luxid.get("duration") or 0.0), on_node_uuids=nodes)
-        await asyncio.sleep(float(op.luxid.get("duration") or 0.0))
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -25,6 +25,7 @@ from aiohttp import web
 from synnefo_ganeti.testing._engine import FakeCluster
 from synnefo_ganeti.testing._queue import QueueDir
 from synnefo_ganeti.testing._server import FAULT_KINDS, Fault, RapiApp
+from synnefo_ganeti.testing._sockets import Accepted, Listener, spawn_serving
 from synnefo_ganeti.testing._tls import write_certificate
 
 __all__ = ["FakeGaneti"]
@@ -81,6 +82,9 @@ class FakeGaneti:
     * ``max_running_jobs``, ``op_times`` (seconds per ``OP_ID``, and ``"dry_run"``),
       ``archive_after`` (seconds after a job ends, default never), ``wait_timeout``
       (a ``/wait`` long-poll answers unchanged after this, Ganeti's 10 s);
+      ``op_times["OP_INSTANCE_CREATE/disks"]``: the part of a create that holds its node locks;
+    * ``default_iallocator`` (``hail``): what a create without ``pnode`` uses;
+      ``opportunistic_retry``: seconds between an opportunistic create's lock attempts (Ganeti's 2);
     * ``oses``, ``disk_templates``, ``cluster_name``.
     """
 
@@ -107,6 +111,8 @@ class FakeGaneti:
         oses: tuple[str, ...] = ("noop",),
         disk_templates: tuple[str, ...] = ("diskless", "file"),
         cluster_name: str = "cluster.fake.test",
+        default_iallocator: str = "hail",
+        opportunistic_retry: float = 2.0,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, not {nodes}")
@@ -130,6 +136,7 @@ class FakeGaneti:
             "name": cluster_name, "nodes": nodes, "node_memory": node_memory, "node_disk": node_disk,
             "node_cpus": node_cpus, "oses": oses, "disk_templates": disk_templates,
             "max_running_jobs": max_running_jobs, "op_times": op_times, "archive_after": archive_after,
+            "default_iallocator": default_iallocator, "opportunistic_retry": opportunistic_retry,
         }  # fmt: skip
         self._app_kwargs: dict[str, Any] = {
             "max_clients": max_clients,
@@ -145,7 +152,7 @@ class FakeGaneti:
         self._runner: web.AppRunner | None = None
         self._temp: Path | None = None
         self._ssl: ssl.SSLContext | None = None
-        self._listener: socket.socket | None = None
+        self._listener: Listener | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -246,8 +253,7 @@ class FakeGaneti:
             await self._runner.cleanup()
             self._runner = None
             raise
-        listener.setblocking(False)
-        self._listener = listener
+        self._listener = Listener(listener)
         self.port = listener.getsockname()[1]
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"{'https' if self.tls else 'http'}://{host}:{self.port}"
@@ -264,24 +270,26 @@ class FakeGaneti:
         while True:
             await slots.acquire()
             try:
-                connection, _ = await loop.sock_accept(self._listener)
+                connection = await self._listener.accept()
             except BaseException:
                 slots.release()
                 raise
-            task = loop.create_task(self._serve(connection, loop.time(), factory, slots.release))
-            self._connections.add(task)
-            task.add_done_callback(self._connections.discard)
+            accepted = Accepted(connection)
+            spawn_serving(
+                self._serve(accepted, loop.time(), factory, slots.release), accepted, self._connections
+            )
 
-    async def _serve(
-        self, connection: socket.socket, accepted: float, factory: Any, release: Callable[[], None]
-    ) -> None:
+    async def _serve(self, accepted: Accepted, at: float, factory: Any, release: Callable[[], None]) -> None:
+        """Serve one connection until it closes. The socket is the transport's once its protocol
+        is made; before that, ``spawn_serving`` closes it when this task ends, however it ends."""
         closed = asyncio.Event()
+        transport: asyncio.Transport | None = None
         try:
-            connection.setblocking(False)
 
             def protocol() -> asyncio.Protocol:
+                accepted.take()
                 handler = factory()
-                self.rapi.accepted_at[id(handler)] = accepted  # the latency counts from here
+                self.rapi.accepted_at[id(handler)] = at  # the latency counts from here
 
                 def lost() -> None:
                     self.rapi.accepted_at.pop(id(handler), None)
@@ -289,13 +297,18 @@ class FakeGaneti:
 
                 return _Tracked(handler, lost)
 
+            loop = asyncio.get_running_loop()
             try:
-                await asyncio.get_running_loop().connect_accepted_socket(protocol, connection, ssl=self._ssl)
+                transport, _ = await loop.connect_accepted_socket(protocol, accepted.sock, ssl=self._ssl)
             except (OSError, ssl.SSLError):
-                connection.close()
-                return
+                return  # a failed handshake: the transport has closed the socket
             await closed.wait()
+        except asyncio.CancelledError:
+            if transport is not None and not closed.is_set():
+                transport.abort()  # stop(): the socket closes now, not after a TLS goodbye
+            raise
         finally:
+            accepted.close()
             release()
 
     async def stop(self) -> None:

@@ -38,6 +38,8 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, Protocol, Self
 
+from synnefo_ganeti.testing._sockets import Accepted, Listener, spawn_serving
+
 __all__ = ["PROXY_MODES", "ChaosProxy"]
 
 PROXY_MODES = ("pass", "reset", "refuse", "hang", "slow")
@@ -66,7 +68,7 @@ class ChaosProxy:
         self.by_mode: Counter[str] = Counter()
         self.bytes_up = 0
         self.bytes_down = 0
-        self._listener: socket.socket | None = None
+        self._listener: Listener | None = None
         self._running = False
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -151,10 +153,9 @@ class ChaosProxy:
         except OSError:
             listener.close()
             raise
-        listener.setblocking(False)
         self.port = listener.getsockname()[1]
-        self._listener = listener
-        self._spawn(self._accept(listener), f"proxy accept {self.port}")
+        self._listener = Listener(listener)
+        self._spawn(self._accept(self._listener), f"proxy accept {self.port}")
 
     def _close_listener(self) -> None:
         listener, self._listener = self._listener, None
@@ -172,10 +173,9 @@ class ChaosProxy:
 
     # ------------------------------------------------------------------ connections
 
-    async def _accept(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
+    async def _accept(self, listener: Listener) -> None:
         while True:
-            connection, _ = await loop.sock_accept(listener)
+            connection = await listener.accept()
             mode = self.mode
             if self.times is not None:
                 self.times -= 1
@@ -183,12 +183,14 @@ class ChaosProxy:
                     self.mode, self.times = "pass", None
             self.connections += 1
             self.by_mode[mode] += 1
-            self._spawn(self._serve(connection, mode, self.forward), f"proxy connection {self.connections}")
+            accepted = Accepted(connection)
+            coro = self._serve(accepted, mode, self.forward)
+            spawn_serving(coro, accepted, self._tasks, f"proxy connection {self.connections}")
 
-    async def _serve(self, connection: socket.socket, mode: str, forward: bool) -> None:
-        connection.setblocking(False)
+    async def _serve(self, accepted: Accepted, mode: str, forward: bool) -> None:
+        """Serve one connection; its socket is closed exactly once (see :mod:`._sockets`)."""
         upstream: asyncio.StreamWriter | None = None
-        reader, writer = await asyncio.open_connection(sock=connection)
+        reader, writer = await _streams(accepted)
         try:
             if mode == "reset" and not forward:
                 await reader.read(1)  # the client's first bytes (its request, or its TLS hello)
@@ -222,8 +224,13 @@ class ChaosProxy:
         except* (OSError, asyncio.IncompleteReadError):
             pass
         finally:
+            stopping = _cancelling()
             for stream in (writer, upstream):
-                if stream is not None:
+                if stream is None:
+                    continue
+                if stopping:
+                    stream.transport.abort()  # stop(): closed now, whatever is left unsent
+                else:
                     stream.close()
 
     async def _pump(
@@ -253,6 +260,24 @@ class ChaosProxy:
         while await source.read(_READ):
             answered.set()
         answered.set()
+
+
+async def _streams(accepted: Accepted) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """``asyncio.open_connection(sock=...)``, telling ``accepted`` when the transport takes the socket."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(loop=loop)
+
+    def protocol() -> asyncio.StreamReaderProtocol:
+        accepted.take()
+        return asyncio.StreamReaderProtocol(reader, loop=loop)
+
+    transport, made = await loop.connect_accepted_socket(protocol, accepted.sock)
+    return reader, asyncio.StreamWriter(transport, made, reader, loop)
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class _Done(Exception):

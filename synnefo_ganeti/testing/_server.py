@@ -12,7 +12,6 @@ import asyncio
 import base64
 import fnmatch
 import hmac
-import html
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,8 @@ import orjson
 from aiohttp import web
 
 from synnefo_ganeti.testing._engine import FakeCluster
+from synnefo_ganeti.testing._errors import HTTPError, ganeti_error, invalid
+from synnefo_ganeti.testing._query import query_jobs
 
 __all__ = ["FAULT_KINDS", "Fault", "RapiApp"]
 
@@ -30,20 +31,6 @@ FAULT_KINDS = ("502", "503", "504", "reset", "hang", "slow_body", "malformed_jso
 
 _INFO_TEMPLATE: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "info.json").read_text())
 _FEATURES = ["node-evac-res1", "node-migrate-reqv1", "instance-reinstall-reqv1", "instance-create-reqv1"]
-_EXPLAIN = {
-    400: "Bad request syntax or unsupported method",
-    401: "No permission -- see authorization schemes",
-    404: "Nothing matches the given URI",
-    415: "Entity body in unsupported format",
-    500: "Server got itself in trouble",
-    501: "Server does not support this operation",
-    502: "Invalid responses from another server/proxy",
-    503: "The server cannot process the request due to a high load",
-    504: "The gateway server did not receive a timely response",
-}
-_REASON = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 415: "Unsupported Media Type",
-           501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}  # fmt: skip
-
 # Types OP_INSTANCE_CREATE checks at submit (RAPI answers 400 for these, naming the parameter).
 _CREATE_TYPES: dict[str, tuple[type, ...]] = {
     "instance_name": (str,), "mode": (str,), "disk_template": (str,), "os_type": (str,), "disks": (list,),
@@ -72,32 +59,6 @@ class Fault:
         if self.method is not None and request.method != self.method.upper():
             return False
         return self.path is None or fnmatch.fnmatchcase(request.path, self.path)
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message or _REASON.get(status, "Error")
-
-
-def _ganeti_error(status: int, message: str | None = None) -> web.Response:
-    body = {
-        "code": status,
-        "message": message or _REASON.get(status, "Error"),
-        "explain": _EXPLAIN.get(status, ""),
-    }
-    headers = {"Connection": "close"}
-    if status == 401:
-        headers["WWW-Authenticate"] = 'Basic realm="Ganeti Remote API"'
-    return web.Response(
-        body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
-    )
-
-
-def _invalid(op: str, parameter: str) -> HTTPError:
-    text = f"Invalid body parameters: (\"Parameter '{op}.{parameter}' fails validation\", 'wrong_input')"
-    return HTTPError(400, html.escape(text, quote=True))
 
 
 @dataclass
@@ -140,6 +101,7 @@ class RapiApp:
             ("GET", "/2/jobs/{job_id}", self._job),
             ("DELETE", "/2/jobs/{job_id}", self._cancel),
             ("GET", "/2/jobs/{job_id}/wait", self._wait),
+            ("GET", "/2/query/{resource}", self._query),
             ("POST", "/__fake__/faults", self._add_fault),
             ("DELETE", "/__fake__/faults", self._clear_faults),
             ("PUT", "/__fake__/knobs", self._set_knobs),
@@ -178,28 +140,28 @@ class RapiApp:
         control: bool,
     ) -> web.StreamResponse:
         if not hmac.compare_digest(request.headers.get("Authorization", ""), self._expected_auth):
-            return _ganeti_error(401)
+            return ganeti_error(401)
         for fault in [] if control else self.faults:
             if fault.matches(request):
                 fault.hits += 1
                 return await self._fault(request, fault)
         body = await request.read()
         if request.method in ("POST", "PUT") and body and request.content_type != "application/json":
-            return _ganeti_error(415)
+            return ganeti_error(415)
         try:
             response = await handler(request)
         except web.HTTPNotFound:
-            return _ganeti_error(404)
+            return ganeti_error(404)
         except web.HTTPMethodNotAllowed:
-            return _ganeti_error(501, f"Method {request.method} is unsupported for resource")
+            return ganeti_error(501, f"Method {request.method} is unsupported for resource")
         except HTTPError as exc:
-            return _ganeti_error(exc.status, exc.message)
+            return ganeti_error(exc.status, exc.message)
         response.headers["Connection"] = "close"
         return response
 
     async def _fault(self, request: web.Request, fault: Fault) -> web.StreamResponse:
         if fault.kind in ("502", "503", "504", "401"):
-            return _ganeti_error(int(fault.kind))
+            return ganeti_error(int(fault.kind))
         if fault.kind == "malformed_json":
             return web.Response(body=b'{"job_info": ["runn', content_type="application/json")
         if fault.kind == "reset":
@@ -288,6 +250,7 @@ class RapiApp:
             name=cluster.name, master=master, default_hypervisor=cluster.hypervisor,
             enabled_hypervisors=[cluster.hypervisor], enabled_disk_templates=list(cluster.disk_templates),
             max_running_jobs=cluster.max_running_jobs, master_netdev=cluster.link, uuid=cluster.group_uuid,
+            default_iallocator=cluster.default_iallocator,
         )  # fmt: skip
         info["ipolicy"] = dict(info["ipolicy"], **{"disk-templates": list(cluster.disk_templates)})
         return info
@@ -321,12 +284,8 @@ class RapiApp:
         return view
 
     def _submit(self, request: web.Request, ops: list[tuple[str, dict[str, Any]]], resource: str) -> int:
-        return self.cluster.submit(
-            ops,
-            resource=resource,
-            dry_run=self._flag(request, "dry-run"),
-            user_reason=request.query.get("reason"),
-        )
+        dry_run, reason = self._flag(request, "dry-run"), request.query.get("reason")
+        return self.cluster.submit(ops, resource=resource, dry_run=dry_run, user_reason=reason)
 
     @staticmethod
     def _create_params(body: dict[str, Any]) -> dict[str, Any]:
@@ -334,14 +293,14 @@ class RapiApp:
                   for key, value in body.items() if key != "__version__"}  # fmt: skip
         for key in _CREATE_REQUIRED:
             if key not in params:
-                raise _invalid("OP_INSTANCE_CREATE", key)
+                raise invalid("OP_INSTANCE_CREATE", key)
         for key, types in _CREATE_TYPES.items():
             if key in params and not isinstance(params[key], types):
-                raise _invalid("OP_INSTANCE_CREATE", key)
+                raise invalid("OP_INSTANCE_CREATE", key)
             if key in ("disks", "nics") and not all(isinstance(item, dict) for item in params[key]):
-                raise _invalid("OP_INSTANCE_CREATE", key)
+                raise invalid("OP_INSTANCE_CREATE", key)
         if not params["instance_name"]:
-            raise _invalid("OP_INSTANCE_CREATE", "instance_name")
+            raise invalid("OP_INSTANCE_CREATE", "instance_name")
         return params
 
     async def _create(self, request: web.Request) -> Any:
@@ -357,7 +316,7 @@ class RapiApp:
         body = await self._body(request)
         instances = body.get("instances")
         if not isinstance(instances, list) or not all(isinstance(item, dict) for item in instances):
-            raise _invalid("OP_INSTANCE_MULTI_ALLOC", "instances")
+            raise invalid("OP_INSTANCE_MULTI_ALLOC", "instances")
         children = [self._create_params(item) for item in instances]
         params = {
             "instances": children,
@@ -384,7 +343,7 @@ class RapiApp:
     async def _reboot(self, request: web.Request) -> Any:
         reboot_type = request.query.get("type", "soft")
         if reboot_type not in ("soft", "hard", "full"):
-            raise _invalid("OP_INSTANCE_REBOOT", "reboot_type")
+            raise invalid("OP_INSTANCE_REBOOT", "reboot_type")
         params: dict[str, Any] = {
             "instance_name": request.match_info["name"],
             "reboot_type": reboot_type,
@@ -396,7 +355,7 @@ class RapiApp:
         body = await self._body(request)
         for key in ("beparams", "hvparams", "osparams"):
             if key in body and not isinstance(body[key], dict):
-                raise _invalid("OP_INSTANCE_SET_PARAMS", key)
+                raise invalid("OP_INSTANCE_SET_PARAMS", key)
         params = {"instance_name": request.match_info["name"]} | body
         return self._submit(request, [("OP_INSTANCE_SET_PARAMS", params)], "instances_name_modify")
 
@@ -419,6 +378,13 @@ class RapiApp:
             return {"id": job_id, "ops": None, "status": None, "summary": None, "opstatus": None,
                     "received_ts": None, "start_ts": None, "end_ts": None, "oplog": None, "opresult": None}  # fmt: skip
         return job.rapi_view()
+
+    async def _query(self, request: web.Request) -> Any:  # rlib2.R_2_query.GET, jobs only
+        if "fields" not in request.query:
+            raise HTTPError(400, "Missing &#x27;fields&#x27; query argument")
+        if request.match_info["resource"] != "job":
+            raise HTTPError(501, "The fake Ganeti answers /2/query/job only")
+        return query_jobs(self.cluster, [name.strip() for name in request.query["fields"].split(",")])
 
     async def _cancel(self, request: web.Request) -> Any:
         success, message = self.cluster.cancel(self._job_id(request))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from synnefo_ganeti.watch._watcher import QueueWatcher, WatchStats, check_inotify_limits
+from synnefo_ganeti.watch._support import WatchStats, check_inotify_limits
+from synnefo_ganeti.watch._watcher import QueueWatcher
 
 __all__ = ["QueueWatcher", "WatchStats", "check_inotify_limits"]

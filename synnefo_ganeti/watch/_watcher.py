@@ -32,7 +32,6 @@ import os
 import re
 import stat
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 from asyncinotify import Inotify, Mask, Watch
@@ -41,6 +40,7 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti.jobs import JobFileError, parse_job_file
 from synnefo_ganeti.jobs._files import MAX_JOB_FILE_BYTES
 from synnefo_ganeti.store import JobVersion, Store
+from synnefo_ganeti.watch._support import WatchStats, check_inotify_limits, file_identity, os_reason
 
 __all__ = ["QueueWatcher", "WatchStats", "check_inotify_limits"]
 
@@ -65,57 +65,9 @@ _ROOT_MASK = _FILE_EVENTS | Mask.CREATE | Mask.MOVED_FROM | Mask.DELETE_SELF | M
 _ARCHIVE_MASK = Mask.CREATE | Mask.MOVED_TO | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR
 _FOLDER_MASK = _FILE_EVENTS | Mask.DELETE_SELF | Mask.ONLYDIR
 
-#: below these, check_inotify_limits warns
-MIN_QUEUED_EVENTS = 16384
-MIN_USER_WATCHES = 1024
-
 
 class _WatchLost(Exception):
     """The queue directory's own watch went away: set everything up again."""
-
-
-@dataclass(slots=True)
-class WatchStats:
-    """What one watcher did since it started."""
-
-    scans: int = 0
-    overflows: int = 0
-    watch_lost: int = 0
-    events: int = 0
-    files_read: int = 0
-    versions: int = 0
-    coalesced: int = 0
-    bad_files: int = 0
-    vanished: int = 0
-
-
-def check_inotify_limits(proc: Path = Path("/proc/sys/fs/inotify")) -> list[str]:
-    """Warnings about inotify limits too low for a busy queue (also logged)."""
-    warnings: list[str] = []
-    for name, minimum, why in (
-        (
-            "max_queued_events",
-            MIN_QUEUED_EVENTS,
-            "a burst of job-file writes overflows it (then the watcher rescans)",
-        ),
-        (
-            "max_user_watches",
-            MIN_USER_WATCHES,
-            "the watcher and other programs of this user may run out of watches",
-        ),
-    ):
-        try:
-            value = int((proc / name).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if value < minimum:
-            warnings.append(
-                f"fs.inotify.{name} is {value}, below {minimum}: {why}; raise it with "
-                f"'sysctl fs.inotify.{name}={minimum * 4}'"
-            )
-    for warning in warnings:
-        log.warning("%s", warning)
-    return warnings
 
 
 class QueueWatcher:
@@ -207,7 +159,7 @@ class QueueWatcher:
                 )
                 continue
             except OSError as exc:
-                reason = _os_reason(exc)
+                reason = os_reason(exc)
                 if reason != problem:
                     log.error(
                         "queue directory %s: %s; retrying every %g s",
@@ -327,7 +279,7 @@ class QueueWatcher:
         try:
             self._watches[path] = self._add_watch(path, _FOLDER_MASK)
         except OSError as exc:
-            log.warning("cannot watch archive folder %s: %s", path, _os_reason(exc))
+            log.warning("cannot watch archive folder %s: %s", path, os_reason(exc))
 
     # -- scanning ----------------------------------------------------------------------------------
 
@@ -476,34 +428,13 @@ class QueueWatcher:
             os.close(fd)
 
     def _bad_file(self, path: str, exc: BaseException) -> None:
-        reason = _os_reason(exc) if isinstance(exc, OSError) else str(exc)
+        reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
         # A rescan reads the same bad file again: not counted again. A new bad version (Ganeti
         # renames a new file into place) is counted and logged, even with the same reason.
-        bad = (reason, _identity(path))
+        bad = (reason, file_identity(path))
         if self._bad.get(path) == bad:
             return
         self._bad[path] = bad
         self.stats.bad_files += 1
         self._m_bad.inc()
         log.warning("skipping job file %s: %s (read again on its next change)", path, reason)
-
-
-def _identity(path: str) -> tuple[int, ...] | None:
-    """Which file (or symlink) ``path`` is now: another version is another inode or content."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-
-
-def _os_reason(exc: OSError | BaseException) -> str:
-    if isinstance(exc, FileNotFoundError):
-        return "does not exist"
-    if isinstance(exc, PermissionError):
-        return "permission denied (run the watcher as a user that can read Ganeti's queue, e.g. root or group gnt-masterd)"
-    if isinstance(exc, NotADirectoryError):
-        return "is not a directory"
-    if isinstance(exc, OSError):
-        return exc.strerror or str(exc)
-    return str(exc)

@@ -5,16 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
+from typing import Any
 
 from synnefo_ganeti import InstanceSpec, RapiClient
 from synnefo_ganeti.store import Store
 from synnefo_ganeti.watch import QueueWatcher
+from tests import helpers
 
 TESTBED = Path(__file__).parents[2] / "scripts" / "ganeti-testbed"
 QUEUE_DIR = Path(os.environ.get("SYNNEFO_GANETI_TEST_QUEUE", "/var/lib/ganeti/queue"))
@@ -22,10 +21,9 @@ BACKEND = "testbed"
 DEADLINE = 60.0  # seconds for a job or an instance to get there (the cluster runs ~2.5 jobs/s)
 
 
-def client(testbed) -> RapiClient:
-    return RapiClient(
-        testbed.url, username=testbed.username, password=testbed.password, ca_file=testbed.ca_file
-    )
+def client(testbed, **kwargs: Any) -> RapiClient:
+    kwargs.setdefault("ca_file", testbed.ca_file)
+    return RapiClient(testbed.url, username=testbed.username, password=testbed.password, **kwargs)
 
 
 def name(tag: str) -> str:
@@ -33,15 +31,10 @@ def name(tag: str) -> str:
     return f"sg-{tag}-{uuid.uuid4().hex[:6]}.ganeti.test"
 
 
-def spec(testbed, instance: str) -> InstanceSpec:
-    return InstanceSpec(
-        name=instance,
-        disk_template="diskless",
-        os="noop",
-        beparams={"memory": 128},
-        pnode=testbed.node,
-        hypervisor="fake",
-    )
+def spec(testbed, instance: str, **kwargs: Any) -> InstanceSpec:
+    """A small diskless instance on the testbed's node (its fake hypervisor)."""
+    kwargs = {"memory": 128, "pnode": testbed.node, "hypervisor": "fake"} | kwargs
+    return helpers.spec(instance, **kwargs)
 
 
 @contextlib.asynccontextmanager
@@ -56,12 +49,3 @@ async def watching(store: Store) -> AsyncIterator[tuple[QueueWatcher, asyncio.Ta
     finally:
         watcher.stop()
         await asyncio.wait_for(task, 30)
-
-
-async def until(what: str, check, timeout: float = DEADLINE) -> None:
-    """Poll the async ``check`` until it is true."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not true after {timeout:.0f} s: {what}")
-        await asyncio.sleep(0.1)

@@ -23,7 +23,8 @@ from synnefo_ganeti import ControlPlane, NotFoundError, RapiClient
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.reconcile import Reconciler
 from synnefo_ganeti.store import InstanceStatus, Store
-from tests.integration._testbed import BACKEND, TESTBED, client, name, spec, until, watching
+from tests.helpers import eventually
+from tests.integration._testbed import BACKEND, DEADLINE, TESTBED, client, name, spec, watching
 
 pytestmark = [pytest.mark.ganeti, pytest.mark.timeout(180)]
 
@@ -147,7 +148,9 @@ async def test_reconcile_repairs_drift_made_behind_the_back(testbed, db_url, tmp
                         assert row is not None and row.status is not InstanceStatus.ERROR, row
                         return row.status is InstanceStatus.STARTED
 
-                    await until(f"{instance} STARTED in the database", started)
+                    await eventually(
+                        started, timeout=DEADLINE, interval=0.1, what=f"{instance} STARTED in the database"
+                    )
 
                 # just created through the facade: no drift
                 async with Reconciler(sets, store=store) as reconciler:
@@ -201,7 +204,9 @@ async def test_reconcile_repairs_drift_made_behind_the_back(testbed, db_url, tmp
                     return True
                 return False
 
-            await until(f"{orphan} removed from Ganeti", orphan_gone)
+            await eventually(
+                orphan_gone, timeout=DEADLINE, interval=0.1, what=f"{orphan} removed from Ganeti"
+            )
             rows = {instance: await store.get_instance(BACKEND, instance) for instance in names}
             assert rows[stopped] is not None and rows[stopped].status is InstanceStatus.STOPPED
             assert rows[gone] is not None and rows[gone].status is InstanceStatus.DESTROYED

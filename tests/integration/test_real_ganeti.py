@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import uuid
 from pathlib import Path
 
 import pytest
@@ -25,24 +24,11 @@ from synnefo_ganeti import (
     RetryPolicy,
     TLSError,
 )
+from tests.integration._testbed import client, name, spec
 
 pytestmark = [pytest.mark.ganeti, pytest.mark.timeout(300)]
 
 TESTBED = Path(__file__).parents[2] / "scripts" / "ganeti-testbed"
-
-
-def client(testbed, **kwargs) -> RapiClient:
-    kwargs.setdefault("ca_file", testbed.ca_file)
-    return RapiClient(testbed.url, username=testbed.username, password=testbed.password, **kwargs)
-
-
-def name(tag: str) -> str:
-    return f"sg-{tag}-{uuid.uuid4().hex[:6]}.ganeti.test"
-
-
-def spec(testbed, instance: str, **kwargs) -> InstanceSpec:
-    values = {"beparams": {"memory": 128}, "pnode": testbed.node, "hypervisor": "fake"} | kwargs
-    return InstanceSpec(name=instance, disk_template="diskless", os="noop", **values)
 
 
 async def test_cluster_calls(testbed) -> None:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import time
 
 import pytest
 
 from synnefo_ganeti import Job, JobStatus, NotFoundError, RapiClient
 from synnefo_ganeti.store import Store, StoredEvent, StoredJob
 from synnefo_ganeti.watch import QueueWatcher
-from tests.integration._testbed import BACKEND, DEADLINE, TESTBED, client, name, spec, until, watching
+from tests.helpers import eventually
+from tests.integration._testbed import BACKEND, DEADLINE, TESTBED, client, name, spec, watching
 
 pytestmark = [pytest.mark.ganeti, pytest.mark.timeout(180)]
 
@@ -27,20 +27,24 @@ async def stored_final(
     store: Store, watcher: QueueWatcher, task: asyncio.Task[None], job_id: int
 ) -> StoredJob:
     """The job once the store holds it with a final status (polled; DEADLINE seconds at most)."""
-    deadline = time.monotonic() + DEADLINE
     stored: StoredJob | None = None
-    while time.monotonic() < deadline:
+
+    async def final() -> StoredJob | None:
+        nonlocal stored
         if task.done():
             task.result()  # the watcher's error, if it had one
             pytest.fail(f"the watcher stopped by itself while waiting for job {job_id}")
         stored = await store.get_job(BACKEND, job_id)
-        if stored is not None and stored.is_final:
-            return stored
-        await asyncio.sleep(0.1)
-    pytest.fail(
-        f"job {job_id} not final in the store after {DEADLINE:.0f} s: stored "
-        f"{stored.status if stored else None}; watcher {watcher.stats}; writer {store.stats}"
-    )
+        return stored if stored is not None and stored.is_final else None
+
+    try:
+        found: StoredJob = await eventually(final, timeout=DEADLINE, interval=0.1, what=f"job {job_id} final")
+    except AssertionError:
+        pytest.fail(
+            f"job {job_id} not final in the store after {DEADLINE:.0f} s: stored "
+            f"{stored.status if stored else None}; watcher {watcher.stats}; writer {store.stats}"
+        )
+    return found
 
 
 async def events_of(store: Store, job_id: int) -> list[StoredEvent]:
@@ -162,7 +166,12 @@ async def test_watcher_follows_an_instance_lifecycle(testbed, db_url) -> None:
                     job = await store.get_job(BACKEND, ids["shutdown"])
                     return job is not None and job.archived
 
-                await until(f"job {ids['shutdown']} stored as archived", is_archived)
+                await eventually(
+                    is_archived,
+                    timeout=DEADLINE,
+                    interval=0.1,
+                    what=f"job {ids['shutdown']} stored as archived",
+                )
                 after = await store.get_job(BACKEND, ids["shutdown"])
                 assert after is not None
                 assert (after.status, after.ops, after.event_count, after.revision) == (
@@ -205,7 +214,9 @@ async def test_watcher_catches_up_after_a_restart(testbed, db_url) -> None:
                     job = await store.get_job(BACKEND, first_id)
                     return job is not None and job.archived
 
-                await until(f"job {first_id} stored as archived", first_archived)
+                await eventually(
+                    first_archived, timeout=DEADLINE, interval=0.1, what=f"job {first_id} stored as archived"
+                )
                 again = await store.get_job(BACKEND, first_id)
                 assert again is not None
                 assert (again.status, again.event_count) == (first.status, first.event_count)

@@ -18,6 +18,7 @@ from synnefo_ganeti.allocate import (
 )
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.rapi import InstanceSpec, Node
+from tests import helpers
 
 GIB = 1024
 
@@ -25,16 +26,9 @@ GIB = 1024
 def spec(
     memory: int = 1024, *, disk: int = 0, template: str = "plain", vcpus: int | None = None
 ) -> InstanceSpec:
-    beparams: dict[str, int] = {"memory": memory}
-    if vcpus is not None:
-        beparams["vcpus"] = vcpus
-    return InstanceSpec(
-        name="vm1.example.org",
-        disk_template=template,
-        os="debian",
-        disks=[{"size": disk}] if disk else [],
-        beparams=beparams,
-    )
+    """An instance of a size (the allocator reads nothing else)."""
+    disks = [{"size": disk}] if disk else []
+    return helpers.spec(memory=memory, vcpus=vcpus, disk_template=template, os="debian", disks=disks)
 
 
 def node(name: str, mfree: int, *, dfree: int = 100 * GIB, ctotal: int = 8, **kw: bool) -> Node:

@@ -42,7 +42,7 @@ from synnefo_ganeti.jobs._files import MAX_JOB_FILE_BYTES
 from synnefo_ganeti.store import JobVersion, Store
 from synnefo_ganeti.testing._queue import QueueDir
 from synnefo_ganeti.watch import QueueWatcher
-from tests.unit.test_watch import (
+from tests._watch import (
     WATCH_LOGGER,
     bad_files_metric,
     keys,
@@ -51,12 +51,12 @@ from tests.unit.test_watch import (
     rename_into_place,
     settle,
     temp_name,
-    until,
     wait_for_statuses,
     watch_records,
     watching,
     write_version,
 )
+from tests.helpers import eventually
 
 # -- enforcing file modes also for root ------------------------------------------------------------
 
@@ -225,13 +225,6 @@ def warnings_about(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
     ]
 
 
-@pytest.fixture
-def queue(tmp_path: Path) -> Path:
-    path = tmp_path / "queue"
-    QueueDir(path)
-    return path
-
-
 # -- bad job files: each version skipped, logged once, counted once; fixed, stored -----------------
 
 
@@ -262,33 +255,33 @@ def _symlink(target_name: str) -> Callable[[Path], None]:
 
 #: case -> its bad versions, written one after the other, each with what its log line says
 BAD_FILES: dict[str, list[tuple[Callable[[Path], None], str]]] = {
-    # older: test_watch.py::test_bad_files_are_skipped_logged_and_counted_once (job 1)
+    # older: test_watch_faults.py::test_bad_files_are_skipped_logged_and_counted_once (job 1)
     "truncated": [
         (_write(_good_bytes()[: len(_good_bytes()) // 2]), "truncated?"),
         (_write(_good_bytes()[:-1]), "truncated?"),
     ],
-    # older: none with garbage; test_watch.py::test_a_bad_file_at_start_does_not_stop_the_others (NUL bytes)
+    # older: none with garbage; test_watch_faults.py::test_a_bad_file_at_start_does_not_stop_the_others (NUL bytes)
     "invalid_json": [
         (_write(b"{'id': 100, 'ops': []}\n"), "not JSON"),
         (_write(b"{'id': 100, 'ops': []}\n"), "not JSON"),  # the same bytes again: a new version
     ],
-    # older: test_watch.py::test_bad_files_are_skipped_logged_and_counted_once (jobs 6, 7)
+    # older: test_watch_faults.py::test_bad_files_are_skipped_logged_and_counted_once (jobs 6, 7)
     "wrong_shape": [
         (_write(b"[100, 101]"), "not a JSON object"),
         (_write(b'{"id": 100, "ops": []}'), "ops is missing or empty"),
         (_write(_good_bytes(7)), "it holds job 7, not 100"),
         (_write(b'{"id": "one hundred", "ops": [{}]}'), "id is 'one hundred', not a job number"),
     ],
-    # older: test_watch.py::test_bad_files_are_skipped_logged_and_counted_once (job 2)
+    # older: test_watch_faults.py::test_bad_files_are_skipped_logged_and_counted_once (job 2)
     "non_utf8": [
         (_write(_good_bytes().replace(b"inst100.", b"inst100.\xff\xfe")), "not UTF-8"),
     ],
-    # older: test_watch.py::test_bad_files_are_skipped_logged_and_counted_once (job 3, a lowered limit);
+    # older: test_watch_faults.py::test_bad_files_are_skipped_logged_and_counted_once (job 3, a lowered limit);
     # here the real limit
     "oversize": [
         (_write(_oversize()), f"bytes, more than the {MAX_JOB_FILE_BYTES} a job file may have"),
     ],
-    # older: test_watch.py::test_bad_files_are_skipped_logged_and_counted_once (job 4),
+    # older: test_watch_faults.py::test_bad_files_are_skipped_logged_and_counted_once (job 4),
     # test_a_bad_file_at_start_does_not_stop_the_others (a link to /dev/zero)
     "symlink": [
         (_symlink("job-100"), "a symlink; Ganeti writes job files as regular files"),
@@ -323,7 +316,7 @@ async def test_bad_job_file(case: str, case_db: str, queue: Path, caplog: pytest
             def counted(count: int = count) -> bool:
                 return watcher.stats.bad_files == count
 
-            await until(counted, f"bad version {count}")
+            await eventually(counted, what=f"bad version {count}")
         await settle(watcher, run.store, quiet=0.1)
         assert watcher.stats.bad_files == run.bad_counted == len(versions)
         lines = skipped_lines(caplog, path)
@@ -428,11 +421,11 @@ async def test_temp_names_are_ignored_until_renamed(
 async def test_queue_dir_removed_and_recreated(
     db_url: str, queue: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Older: test_watch.py::test_queue_dir_removed_or_replaced_while_watched."""
+    """Older: test_watch_faults.py::test_queue_dir_removed_or_replaced_while_watched."""
     async with good_jobs_stored(db_url, queue, caplog) as run:
         watcher = run.watcher
         shutil.rmtree(queue)
-        await until(lambda: watcher.stats.watch_lost == 1, "the watch to be lost")
+        await eventually(lambda: watcher.stats.watch_lost == 1, what="the watch to be lost")
         assert await run.stored() == run.before  # the files are gone, the stored jobs are not
         QueueDir(queue)
         for job_id in (300, 301):
@@ -466,7 +459,7 @@ async def test_permission_denied_on_one_file(
                 temp.chmod(0)
 
             rename_into_place(queue, BAD, unreadable)
-            await until(lambda: watcher.stats.bad_files == 1, "the unreadable file to be counted")
+            await eventually(lambda: watcher.stats.bad_files == 1, what="the unreadable file to be counted")
             watcher.on_event(Mask.Q_OVERFLOW, None, None)  # read again: not counted again
             await settle(watcher, run.store, quiet=0.1)
         assert watcher.stats.bad_files == run.bad_counted == 1
@@ -489,7 +482,7 @@ async def test_inotify_overflow_rescans(db_url: str, queue: Path, caplog: pytest
     async with good_jobs_stored(db_url, queue, caplog) as run:
         watcher = run.watcher
         write_version(queue, BAD, _good_bytes()[:40])  # a bad file before the overflow
-        await until(lambda: watcher.stats.bad_files == 1, "the bad file to be counted")
+        await eventually(lambda: watcher.stats.bad_files == 1, what="the bad file to be counted")
 
         lost: list[str] = []
         deliver = watcher.on_event
@@ -504,7 +497,7 @@ async def test_inotify_overflow_rescans(db_url: str, queue: Path, caplog: pytest
         for job_id in (400, 401):
             for content in lifecycle(job_id):
                 write_version(queue, job_id, content)
-        await until(lambda: len(lost) == 2 * len(lifecycle(400)), "the events to be lost")
+        await eventually(lambda: len(lost) == 2 * len(lifecycle(400)), what="the events to be lost")
         await settle(watcher, run.store, quiet=0.1)
         assert 400 not in await run.stored()
         del watcher.on_event

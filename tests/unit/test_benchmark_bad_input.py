@@ -12,6 +12,8 @@ import pytest
 
 from tests.unit.test_bad_input import BAD_FILES, CONFIGS, GOOD_BEFORE
 
+pytestmark = pytest.mark.slow  # runs a benchmark script as a child process
+
 ROOT = Path(__file__).parents[2]
 
 WATCHER_FIELDS = {

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs a benchmark script as a child process
+
 ROOT = Path(__file__).parents[2]
 
 

@@ -14,6 +14,8 @@ import pytest
 
 from tests._private_pg import require_private_pg
 
+pytestmark = pytest.mark.slow  # runs a benchmark script as a child process
+
 ROOT = Path(__file__).parents[2]
 
 

@@ -14,18 +14,18 @@ import os
 import re
 import signal
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from click.testing import CliRunner
 
-from synnefo_ganeti.cli import _dispatch, main
+from synnefo_ganeti.cli import _submit, main
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.store import RequestStatus, Store
 from synnefo_ganeti.testing import FakeGaneti
+from tests.helpers import eventually
 
 # ---------------------------------------------------------------------- helpers
 
@@ -60,19 +60,6 @@ def specs(count: int, prefix: str = "vm", **extra: Any) -> list[dict[str, Any]]:
         }
         for i in range(count)
     ]
-
-
-async def poll(check: Callable[[], Any], *, timeout: float = 60.0, what: str = "the condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:g} s")
-        await asyncio.sleep(0.1)
 
 
 class Daemon:
@@ -114,7 +101,7 @@ class Daemon:
             return None
 
         try:
-            line: str = await poll(found, timeout=timeout, what=f"a log line matching {pattern!r}")
+            line: str = await eventually(found, timeout=timeout, what=f"a log line matching {pattern!r}")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n--- dispatcher log ---\n{self.log}") from None
         return line
@@ -146,6 +133,7 @@ class Daemon:
 # ---------------------------------------------------------------------- the daemon, end to end
 
 
+@pytest.mark.slow
 async def test_dispatcher_process_submit_requests_reload_and_sigterm(tmp_path) -> None:
     db_url = f"sqlite:///{tmp_path / 'dispatch.db'}"
     async with (
@@ -192,7 +180,7 @@ async def test_dispatcher_process_submit_requests_reload_and_sigterm(tmp_path) -
                 found = json.loads(result.stdout)["backends"]
                 return found if all(row["health"] == "up" for row in found) else None
 
-            backends = await poll(healthy, what="both backends stored as up")
+            backends = await eventually(healthy, timeout=60, what="both backends stored as up")
             assert all(row["health_at"] and row["ok"] for row in backends)
 
             # SIGHUP with a third backend: it is added, pinned specs go there
@@ -213,13 +201,13 @@ async def test_dispatcher_process_submit_requests_reload_and_sigterm(tmp_path) -
                 job = c.cluster.jobs.get(1)
                 return job is not None and job.status.value == "running"
 
-            await poll(running, what="the create job on c running")
+            await eventually(running, timeout=60, what="the create job on c running")
 
             async def submitted() -> bool:
                 result = await arun("requests", "show", slow["id"], "--config", str(config), "--json")
                 return json.loads(result.stdout)["status"] == "submitted"
 
-            await poll(submitted, what="the request on c submitted")
+            await eventually(submitted, timeout=60, what="the request on c submitted")
             refused = await arun("requests", "cancel", slow["id"], "--config", str(config), "--json")
             assert refused.exit_code == 1, refused.output
             answer = json.loads(refused.stdout)
@@ -262,6 +250,7 @@ async def test_dispatcher_process_submit_requests_reload_and_sigterm(tmp_path) -
         assert "never0.fake.test" not in a.cluster.instances | b.cluster.instances
 
 
+@pytest.mark.slow
 async def test_dispatcher_sigint_stops_cleanly_and_no_status(tmp_path) -> None:
     async with FakeGaneti(tls=False) as a:
         config = write_config(tmp_path / "config.toml", f"sqlite:///{tmp_path / 'd.db'}", {"a": a})
@@ -275,6 +264,7 @@ async def test_dispatcher_sigint_stops_cleanly_and_no_status(tmp_path) -> None:
         assert await daemon.stop(signal.SIGINT) == 0, daemon.log
 
 
+@pytest.mark.slow
 async def test_dispatcher_cannot_start_exits_2(tmp_path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[database]\nurl = 42\n")
@@ -417,11 +407,11 @@ async def test_submit_stdin_yaml_and_json_list_show_cancel(tmp_path, db_url) -> 
     )
     assert sorted(row["instance"] for row in json.loads(by_status.stdout)) == ["j0.fake.test", "y1.fake.test"]
     none_there = await arun("requests", "list", "--config", str(config), "--backend", "a")
-    assert none_there.exit_code == 0 and "no requests stored matching the filters" in none_there.stderr
+    assert none_there.exit_code == 0 and "no requests stored matching the filters" in none_there.stdout
 
 
 async def test_submit_waits_hints_without_a_dispatcher_and_times_out(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(_dispatch, "HINT_AFTER", 0.2)
+    monkeypatch.setattr(_submit, "HINT_AFTER", 0.2)
     db_url = f"sqlite:///{tmp_path / 'w.db'}"
     config = _config(tmp_path, db_url)
     path = tmp_path / "specs.yml"
@@ -462,7 +452,7 @@ async def test_submit_exit_1_when_a_request_fails(tmp_path) -> None:
             return None
 
     async def fail_it() -> None:
-        found: list[Any] = await poll(written, what="the request written")
+        found: list[Any] = await eventually(written, timeout=60, what="the request written")
         async with Store(db_url) as store:
             await store.finish_request(found[0].id, RequestStatus.FAILED, error="no backend has room")
 
@@ -523,4 +513,4 @@ async def test_backends_list_health_and_events(tmp_path, db_url) -> None:
         shown = await arun("backends", "events", "--config", str(config))
         assert shown.exit_code == 0 and "health checks pass again" in shown.stdout
         nothing = await arun("backends", "events", "--config", str(config), "--backend", "f9")
-        assert nothing.exit_code == 0 and "no backend events stored for backend f9" in nothing.stderr
+        assert nothing.exit_code == 0 and "no backend events stored for backend f9" in nothing.stdout

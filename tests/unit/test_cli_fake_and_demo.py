@@ -18,6 +18,7 @@ from synnefo_ganeti.cli import main
 ROOT = Path(__file__).parents[2]
 
 
+@pytest.mark.slow
 async def test_fake_ganeti_command_serves_until_sigterm(tmp_path) -> None:
     queue = tmp_path / "q"
     process = await asyncio.create_subprocess_exec(
@@ -62,6 +63,7 @@ async def test_fake_ganeti_reports_a_busy_port() -> None:
     assert result.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in result.output
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 async def test_demo_end_to_end_json() -> None:
     """Three fake clusters, the dispatcher, durable requests, an outage and a drift: every promise kept."""
@@ -90,6 +92,7 @@ async def test_demo_end_to_end_json() -> None:
     assert report["stored_events"] >= 40 * 3
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_demo_table_and_summary() -> None:
     result = CliRunner().invoke(main, ["demo", "--count", "20", "--speed", "4"])
@@ -99,19 +102,20 @@ def test_demo_table_and_summary() -> None:
 
 
 def test_demo_names_the_failing_step(monkeypatch) -> None:
-    from synnefo_ganeti.cli import _demo
+    from synnefo_ganeti.rapi import RapiClient
 
     async def broken(self) -> int:
         from synnefo_ganeti import RapiConnectionError
 
         raise RapiConnectionError("https://x: cannot connect", url="https://x")
 
-    monkeypatch.setattr(_demo.RapiClient, "version", broken)
+    monkeypatch.setattr(RapiClient, "version", broken)
     result = CliRunner().invoke(main, ["demo", "--count", "10"])
     assert result.exit_code == 1
     assert "demo step 'connect' failed" in result.output and "cannot connect" in result.output
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_submit_fake_benchmark_runs() -> None:
     """A small run, so the benchmark cannot rot; its figures are not asserted."""

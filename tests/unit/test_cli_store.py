@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from synnefo_ganeti.cli import main
-from synnefo_ganeti.cli._store import parse_duration
+from synnefo_ganeti.cli._db import parse_duration
 from synnefo_ganeti.jobs import parse_job_file
 from synnefo_ganeti.store import Store, head_revision
-from tests.helpers import QUEUE_FIXTURES
+from tests.helpers import QUEUE_FIXTURES, eventually
 
 ROOT = Path(__file__).parents[2]
 
@@ -138,6 +138,7 @@ def test_clear_errors(tmp_path) -> None:
     assert no_db.exit_code == 2 and "--db" in no_db.output
 
 
+@pytest.mark.slow
 async def test_watch_command_stores_and_stops_cleanly_on_sigterm(tmp_path) -> None:
     queue = tmp_path / "queue"
     (queue / "archive").mkdir(parents=True)
@@ -158,12 +159,14 @@ async def test_watch_command_stores_and_stops_cleanly_on_sigterm(tmp_path) -> No
             temp.write_bytes(version.read_bytes())
             temp.rename(queue / "job-20")
         rows: list[dict[str, object]] = []
-        for _ in range(300):
+
+        async def both_ended() -> bool:
+            nonlocal rows
             shown = await arun("jobs", "list", "--db", url, "--json")
             rows = json.loads(shown.output) if shown.exit_code == 0 else []
-            if [row["status"] for row in rows] == ["success", "success"]:
-                break
-            await asyncio.sleep(0.1)
+            return [row["status"] for row in rows] == ["success", "success"]
+
+        await eventually(both_ended, interval=0.1, what="both jobs listed as ended")
         assert [(row["job_id"], row["status"]) for row in rows] == [(11, "success"), (20, "success")]
     finally:
         process.send_signal(signal.SIGTERM)
@@ -172,6 +175,7 @@ async def test_watch_command_stores_and_stops_cleanly_on_sigterm(tmp_path) -> No
     assert b"stopped after" in err
 
 
+@pytest.mark.slow
 def test_wheel_ships_the_migrations(tmp_path) -> None:
     """`db upgrade` from an installed package needs alembic/ inside the wheel."""
     import subprocess
@@ -206,6 +210,7 @@ def test_wheel_ships_the_migrations(tmp_path) -> None:
     assert any(name.startswith("synnefo_ganeti/_alembic/versions/0001") for name in names)
 
 
+@pytest.mark.slow
 async def test_watch_serves_metrics_and_notifies_systemd(tmp_path) -> None:
     import re
     import socket as socket_module
@@ -234,12 +239,12 @@ async def test_watch_serves_metrics_and_notifies_systemd(tmp_path) -> None:
         ready = await asyncio.wait_for(loop.sock_recv(systemd, 1024), 30)
         assert ready.startswith(b"READY=1")
         async with aiohttp.ClientSession() as session:
-            for _ in range(100):
+
+            async def ready() -> bool:
                 async with session.get(found.group(1) + "/readyz") as response:
-                    if response.status == 200:
-                        break
-                await asyncio.sleep(0.1)
-            assert response.status == 200
+                    return response.status == 200
+
+            await eventually(ready, interval=0.1, what="/readyz to answer 200")
             async with session.get(found.group(1) + "/metrics") as response:
                 text = await response.text()
         assert 'synnefo_ganeti_watch_versions_total{backend="c1"} 1.0' in text

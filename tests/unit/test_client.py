@@ -12,25 +12,13 @@ from synnefo_ganeti import (
     BadRequestError,
     CreateOutcomeUnknownError,
     GanetiError,
-    InstanceSpec,
     JobNotFoundError,
     JobStatus,
-    RapiClient,
     RapiTimeoutError,
-    RetryPolicy,
 )
-from tests.helpers import PASSWORD, USER, StubRapi, ganeti_error, json_response, rapi_fixture
+from tests.helpers import StubRapi, eventually, ganeti_error, json_response, rapi_fixture, spec, stub_client
 
-FAST = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.002)
-
-
-def client(url: str, **kwargs) -> RapiClient:
-    kwargs.setdefault("retry", FAST)
-    return RapiClient(url, username=USER, password=PASSWORD, **kwargs)
-
-
-def spec(name: str) -> InstanceSpec:
-    return InstanceSpec(name=name, disk_template="diskless", os="noop", beparams={"memory": 128})
+client = stub_client
 
 
 def job_answer(job_id: int, status: str, *, reason: str | None = None, result=None) -> dict:
@@ -52,7 +40,7 @@ class Creates:
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         self.bodies.append(body)
-        await asyncio.sleep(self.delay)
+        await asyncio.sleep(self.delay)  # a slow server: lets the requests overlap
         if body["name"].startswith("bad-"):
             return ganeti_error(400, "Invalid body parameters", "Bad request syntax or unsupported method")
         self.next_id += 1
@@ -122,7 +110,7 @@ async def test_long_polls_never_starve_submissions() -> None:
         stub.route("POST", "/2/instances", Creates(delay=0.01))
         async with client(stub.url, max_connections=4, long_poll_slots=2) as rapi:
             waiters = [asyncio.create_task(rapi.wait_for_job(j)) for j in range(1, 9)]
-            await asyncio.sleep(0.1)
+            await eventually(lambda: waits == 2, what="two long-polls held at the server")
             assert repr(rapi).endswith("2/4 in flight, 0 waiting, 2/2 long-polls>")
             # with every long-poll slot held, submissions still get through
             results = await asyncio.wait_for(rapi.create_instances([spec(f"vm{i}") for i in range(10)]), 5)
@@ -181,7 +169,7 @@ async def test_wait_for_job_timeout() -> None:
     async def slow(request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         if body["previous_job_info"] is not None:
-            await asyncio.sleep(10)
+            await asyncio.sleep(10)  # a long-poll that outlasts the client's timeout
         return json_response({"job_info": ["running"], "log_entries": []})
 
     async with StubRapi() as stub:
@@ -196,7 +184,7 @@ async def _drop_connection(request: web.Request) -> web.StreamResponse:
     await request.read()
     assert request.transport is not None
     request.transport.close()
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # the handler outlives the closed connection, as a busy server's does
     return web.Response()
 
 

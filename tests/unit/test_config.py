@@ -12,6 +12,8 @@ from synnefo_ganeti.config import (
     OwnershipSettings,
     ReconcileSettings,
     Settings,
+    diff_backends,
+    read_password_file,
 )
 from synnefo_ganeti.errors import ConfigError
 from synnefo_ganeti.rapi import RapiClient
@@ -590,3 +592,57 @@ async def test_rapi_client_over_plain_http_with_timeout() -> None:
         assert client.timeout == 2.5 and client.max_connections == 3
     finally:
         await client.close()
+
+
+# -- [dispatcher] strategy, reloads, the package's modules ---------------------------------------------
+
+
+def test_strategy_is_one_of_two(tmp_path: Path) -> None:
+    settings = Settings(dispatcher={"strategy": "round_robin"})
+    assert settings.dispatcher.strategy == "round_robin"
+    assert Settings().dispatcher.strategy == "credits"
+    path = write(tmp_path / "sg.toml", '[dispatcher]\nstrategy = "fastest"\n')
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_file(path)
+    assert str(caught.value) == (
+        f"config file {path}: dispatcher.strategy: Input should be 'credits' or 'round_robin'"
+    )
+
+
+def test_diff_backends() -> None:
+    def backend(name: str, **extra: object) -> dict[str, object]:
+        return {
+            "name": name,
+            "url": f"https://{name}.example.org:5080",
+            "username": "u",
+            "password": "p",
+        } | extra
+
+    old = Settings(backends=[backend("a"), backend("b"), backend("c"), backend("d", drained=True)])
+    new = Settings(
+        backends=[backend("b", username="v"), backend("c", drained=True), backend("d"), backend("e")],
+        database={"url": "sqlite:///other.db"},
+    )
+    changes = diff_backends(old, new)
+    assert (changes.added, changes.removed, changes.changed) == (["e"], ["a"], ["b"])
+    assert (changes.drained, changes.undrained, changes.database) == (["c"], ["d"], True)
+    assert changes.describe() == ["removed a", "added e", "changed b", "drained c", "undrained d"]
+    assert not diff_backends(old, old) and diff_backends(old, new)
+
+
+def test_read_password_file_is_the_one_reader(tmp_path: Path) -> None:
+    good = write(tmp_path / "good", "s3cret\n", 0o600)
+    assert read_password_file(good) == "s3cret"
+    loose = write(tmp_path / "loose", "s3cret\n", 0o640)
+    with pytest.raises(ValueError, match="readable by others") as caught:
+        read_password_file(loose)
+    assert "s3cret" not in str(caught.value)
+
+
+def test_every_name_is_importable_from_the_package() -> None:
+    import synnefo_ganeti.config as config
+
+    for name in config.__all__:
+        assert getattr(config, name) is not None, name
+    assert config.DEFAULT_OWNERSHIP_TAG == "synnefo-ganeti:owned"
+    assert config.CONFIG_ENV_VAR == "SYNNEFO_GANETI_CONFIG" and config.ENV_PREFIX == "SYNNEFO_GANETI__"

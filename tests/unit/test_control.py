@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import functools
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
-from synnefo_ganeti import ConfigError, ControlPlane, InstanceSpec, StoreError
+from synnefo_ganeti import ConfigError, ConflictError, ControlPlane, NotFoundError
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.errors import AuthenticationError
-from synnefo_ganeti.store import InstanceStatus, Store
+from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
 from synnefo_ganeti.testing import FakeGaneti
 from synnefo_ganeti.watch import QueueWatcher
+from tests import helpers
+from tests.helpers import eventually
 
 QUICK = {"OP_INSTANCE_CREATE": 0.02, "OP_INSTANCE_REMOVE": 0.01, "OP_INSTANCE_SHUTDOWN": 0.01,
          "OP_INSTANCE_STARTUP": 0.01, "OP_INSTANCE_REBOOT": 0.01, "OP_INSTANCE_SET_PARAMS": 0.01}  # fmt: skip
@@ -46,23 +48,16 @@ async def plane(tmp_path: Path, db_url: str, **backend: object):
                 await task
 
 
-async def until(cp: ControlPlane, name: str, status: InstanceStatus, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while True:
+async def until(cp: ControlPlane, name: str, status: InstanceStatus) -> StoredInstance:
+    async def reached() -> StoredInstance | None:
         instance = await cp.get_instance(name, backend="f1")
-        if instance is not None and instance.status is status:
-            return instance
-        assert time.monotonic() < deadline, f"{name} is {instance and instance.status}, not {status}"
-        await asyncio.sleep(0.05)
+        return instance if instance is not None and instance.status is status else None
+
+    found: StoredInstance = await eventually(reached, what=f"{name} to be {status.value}")
+    return found
 
 
-def spec(name: str, **kwargs: object) -> InstanceSpec:
-    values: dict[str, object] = {
-        "name": name, "disk_template": "diskless", "os": "noop", "pnode": "node1.fake.test",
-        "beparams": {"memory": 256, "vcpus": 2},
-    }  # fmt: skip
-    values.update(kwargs)
-    return InstanceSpec(**values)  # type: ignore[arg-type]
+spec = functools.partial(helpers.spec, pnode="node1.fake.test", vcpus=2)
 
 
 async def test_create_and_manage_an_instance(tmp_path, db_url) -> None:
@@ -82,13 +77,13 @@ async def test_create_and_manage_an_instance(tmp_path, db_url) -> None:
         await until(cp, "vm1.fake.test", InstanceStatus.STARTED)
         reboot = await cp.reboot_instance("vm1.fake.test", backend="f1")
         await cp.modify_instance("vm1.fake.test", backend="f1", beparams={"memory": 512})
-        deadline = time.monotonic() + 15
-        while (current := await cp.get_instance("vm1.fake.test", backend="f1")) is not None and (
-            current.beparams or {}
-        ).get("maxmem") != 512:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
-        assert current is not None and current.beparams == {"maxmem": 512, "minmem": 512, "vcpus": 2}
+
+        async def modified() -> StoredInstance | None:
+            current = await cp.get_instance("vm1.fake.test", backend="f1")
+            return current if current is not None and (current.beparams or {}).get("maxmem") == 512 else None
+
+        current = await eventually(modified, what="the new memory stored")
+        assert current.beparams == {"maxmem": 512, "minmem": 512, "vcpus": 2}
         await cp.delete_instance("vm1.fake.test", backend="f1")
         gone = await until(cp, "vm1.fake.test", InstanceStatus.DESTROYED)
         assert "vm1.fake.test" not in fake.cluster.instances
@@ -121,8 +116,10 @@ async def test_refusals(tmp_path, db_url) -> None:
             await cp.create_instance(spec("vm5.fake.test"), backend="f1")
         with pytest.raises(ConfigError, match="unknown backend 'nope'"):
             await cp.create_instance(spec("vm5.fake.test"), backend="nope")
-        with pytest.raises(StoreError, match="not in the database"):
+        with pytest.raises(NotFoundError, match="not in the database"):
             await cp.startup_instance("stranger.fake.test", backend="f1")
+        with pytest.raises(NotFoundError, match="not in the database"):
+            await cp.get_request("no-such-request")
         assert fake.cluster.instances == {}
     assert "f1" in repr(cp) and "password" not in repr(cp)
 
@@ -136,3 +133,21 @@ async def test_the_facade_opens_its_own_store(tmp_path) -> None:
             assert [i.name for i in await cp.list_instances()] == ["vm6.fake.test"]
         with pytest.raises(RuntimeError, match="not open"):
             cp.store  # noqa: B018
+
+
+async def test_errors_are_typed_and_the_store_is_held(tmp_path, db_url) -> None:
+    from synnefo_ganeti._backends import BackendResources
+
+    async with plane(tmp_path, db_url) as (fake, cp):
+        assert not isinstance(cp, BackendResources)
+        assert cp.settings.backends[0].name == "f1" and (await cp.client("f1")) is (await cp.client("f1"))
+        instance, _ = await cp.create_instance(spec("vm7.fake.test"), backend="f1")
+        with pytest.raises(ConflictError, match="already in the database"):
+            await cp.create_instance(spec("vm7.fake.test"), backend="f1")
+        request_id = await cp.request_instance(spec("vm8.fake.test"))
+        with pytest.raises(ConflictError):
+            await cp.request_instance(spec("vm9.fake.test"), request_id=request_id)
+        with pytest.raises(NotFoundError):
+            await cp.reboot_instance("stranger.fake.test", backend="f1", reboot_type="hard")
+        assert instance.name == "vm7.fake.test"
+        assert [op.op_id for job in fake.cluster.jobs.values() for op in job.ops] == ["OP_INSTANCE_CREATE"]

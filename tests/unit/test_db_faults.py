@@ -36,6 +36,8 @@ from tests._fault_runs import (
 )
 from tests._private_pg import PrivatePostgres, require_private_pg
 
+pytestmark = pytest.mark.slow  # starts a private PostgreSQL and SQLite lock holders as child processes
+
 SECRET = "S3cr3t-db-down-4Kp"
 
 
@@ -127,7 +129,7 @@ async def test_dispatcher_requests_survive_a_postgresql_restart(private_pg: Priv
                         request = await cp.wait_request(request_id, timeout=30)
                         break
                     except StoreError:  # a read while the server was restarting
-                        await asyncio.sleep(0.1)
+                        await asyncio.sleep(0.1)  # a retry pause, as a caller would make
                 ended.append(request)
             assert not running.done(), "the dispatcher stopped during the restart"
             dispatcher.stop()
@@ -220,7 +222,7 @@ async def test_a_lock_released_within_the_busy_timeout_is_only_waited_for(tmp_pa
         for version in versions:
             await store.put(JobVersion("f1", version))
         drain = asyncio.create_task(store.set_backend_drained("f1", True))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # not ordering: a window in which the write must NOT go through
         assert not drain.done()  # waiting for the lock
         await _release(holder)
         assert await asyncio.wait_for(drain, 30) is True

@@ -4,19 +4,19 @@ job ends through the watcher or RAPI /wait, health, reload and stop."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from synnefo_ganeti import ConfigError, ControlPlane, InstanceSpec, RapiClient, RetryPolicy
+from synnefo_ganeti import ConfigError, ControlPlane, RapiClient, RetryPolicy
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.dispatch import Dispatcher, JobTracker
 from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, Store
 from synnefo_ganeti.testing import FakeGaneti
+from tests.helpers import eventually, spec
 
 QUICK = {"OP_INSTANCE_CREATE": 0.02, "OP_INSTANCE_REMOVE": 0.01, "OP_INSTANCE_SHUTDOWN": 0.01,
          "OP_INSTANCE_STARTUP": 0.01, "OP_INSTANCE_REBOOT": 0.01, "OP_INSTANCE_SET_PARAMS": 0.01}  # fmt: skip
@@ -27,11 +27,6 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'store.db'}"
 
 
-def spec(name: str, **kwargs: Any) -> InstanceSpec:
-    values: dict[str, Any] = {"disk_template": "diskless", "os": "noop", "beparams": {"memory": 256}} | kwargs
-    return InstanceSpec(name=name, **values)
-
-
 def backend(name: str, fake: FakeGaneti, **extra: Any) -> dict[str, Any]:
     return {"name": name, "url": fake.url, "username": fake.username, "password": fake.password, **extra}
 
@@ -40,19 +35,6 @@ def settings_for(db_url: str, backends: list[dict[str, Any]], **dispatcher: Any)
     options: dict[str, Any] = {"status_port": None, "poll_interval": 0.05, "health_interval": 0.2,
                                "stats_interval": 0.5, "shutdown_timeout": 5.0} | dispatcher  # fmt: skip
     return Settings(database={"url": db_url}, backends=backends, dispatcher=options)
-
-
-async def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout:g} s")
-        await asyncio.sleep(0.02)
 
 
 @asynccontextmanager
@@ -290,7 +272,7 @@ async def test_job_tracker_follows_oldest_first_once_each_and_drops_unknown_jobs
         assert "4 jobs" in repr(tracker)
         task = asyncio.create_task(tracker.run())
         try:
-            await wait_until(lambda: len(tracker) == 0 and tracker.ended == 3, what="every job followed")
+            await eventually(lambda: len(tracker) == 0 and tracker.ended == 3, what="every job followed")
             await store.flush()
         finally:
             task.cancel()
@@ -318,7 +300,7 @@ async def test_job_tracker_follows_again_after_a_transient_error(tmp_path: Path)
         tracker.track(job_id)
         task = asyncio.create_task(tracker.run())
         try:
-            await wait_until(lambda: tracker.ended == 1, what="the job followed")
+            await eventually(lambda: tracker.ended == 1, what="the job followed")
             await store.flush()
         finally:
             task.cancel()
@@ -340,7 +322,7 @@ async def test_stop_records_creates_in_flight_and_gives_back_unplaced_claims(db_
             d = Dispatcher(settings, store=store, status_server=False)
             async with running(d):
                 # creates are on their way (each RAPI answer takes 0.15 s) when the stop comes
-                await wait_until(
+                await eventually(
                     lambda: d.stats.claimed >= 3 and len(d._inflight) >= 2, what="creates in flight"
                 )
             assert d.stats.submitted >= 1

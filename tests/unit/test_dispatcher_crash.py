@@ -20,6 +20,7 @@ from synnefo_ganeti.reconcile._observe import expectation
 from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, Store, _requests, request_tag
 from synnefo_ganeti.store._requests import new_request_id
 from synnefo_ganeti.testing import FakeGaneti
+from tests.helpers import eventually, spec
 from tests.unit.test_dispatcher import (
     backend,
     creates,
@@ -27,19 +28,10 @@ from tests.unit.test_dispatcher import (
     finished,
     running,
     settings_for,
-    spec,
     sqlite_url,
-    wait_until,
 )
 
 DEAD = "dead-dispatcher-id"
-
-
-@pytest.fixture
-def pg_url(make_pg_url: Any) -> str:
-    """A fresh PostgreSQL database (several live dispatchers need PostgreSQL)."""
-    url: str = make_pg_url()
-    return url
 
 
 async def placed_by_a_dead_dispatcher(
@@ -127,6 +119,7 @@ async def test_an_instance_of_the_name_without_the_request_tag_fails_the_request
         assert creates(f1) == 1 and d.stats.submitted == 0
 
 
+@pytest.mark.slow
 async def test_two_live_dispatchers_submit_each_request_exactly_once(pg_url: str) -> None:
     db_url = pg_url
     async with fakes(2) as (f1, f2):
@@ -148,6 +141,7 @@ async def test_two_live_dispatchers_submit_each_request_exactly_once(pg_url: str
             assert sorted(names) == sorted(f"m{i:02d}.example" for i in range(60))
 
 
+@pytest.mark.slow
 async def test_a_live_dispatcher_takes_over_the_requests_of_a_dead_one(pg_url: str) -> None:
     async with one_backend(pg_url) as (f1, settings, store, cp, client):
         async with running(Dispatcher(settings, store=store, status_server=False)) as d:
@@ -199,7 +193,7 @@ async def submitted(cp: ControlPlane, request_id: str) -> Request:
     async def check() -> bool:
         return (await cp.get_request(request_id)).status is not RequestStatus.PENDING
 
-    await wait_until(check, what=f"request {request_id} submitted")
+    await eventually(check, what=f"request {request_id} submitted")
     request = await cp.get_request(request_id)
     assert request.status is RequestStatus.SUBMITTED and request.job_id is not None
     return request
@@ -221,7 +215,7 @@ async def cancel_a_queued_create(
             stored = await store.get_job("f1", second.job_id or -1)
             return stored is not None and stored.status is JobStatus.CANCELED
 
-        await wait_until(settled, what="the canceled create's end stored")
+        await eventually(settled, what="the canceled create's end stored")
     return canceled, await cp.get_request(second.id)
 
 
@@ -256,7 +250,7 @@ async def test_cancel_a_request_whose_job_runs_is_refused(db_url: str) -> None:
             request = await submitted(cp, await cp.request_instance(spec("running.example")))
             job_id = request.job_id
             assert job_id is not None
-            await wait_until(lambda: f1.cluster.jobs[job_id].status is JobStatus.RUNNING)
+            await eventually(lambda: f1.cluster.jobs[job_id].status is JobStatus.RUNNING)
             with pytest.raises(GanetiError, match=r"could not be canceled .* it is running already"):
                 await cp.cancel_request(request.id)
             done = await finished(cp, request.id)
@@ -264,7 +258,10 @@ async def test_cancel_a_request_whose_job_runs_is_refused(db_url: str) -> None:
 
 
 async def test_a_cancel_asked_while_the_create_is_sent_cancels_its_queued_job(db_url: str) -> None:
-    async with one_backend(db_url, max_running_jobs=1, op_times=SLOW) as (f1, settings, store, cp, _):
+    # the first create runs long enough that the second is surely still queued when its cancel
+    # is handled (0.5 s of latency after the placement; with 1 s a loaded machine lost the race)
+    slower = {**SLOW, "OP_INSTANCE_CREATE": 4.0}
+    async with one_backend(db_url, max_running_jobs=1, op_times=slower) as (f1, settings, store, cp, _):
         async with running(Dispatcher(settings, store=store, status_server=False)):
             first = await submitted(cp, await cp.request_instance(spec("first.example")))
             f1.latency = 0.5  # the create of the next one is on its way for 0.5 s
@@ -273,7 +270,7 @@ async def test_a_cancel_asked_while_the_create_is_sent_cancels_its_queued_job(db
             async def placed() -> bool:
                 return (await cp.get_request(rid)).placed
 
-            await wait_until(placed, what="the request placed")
+            await eventually(placed, what="the request placed")
             asked = await cp.cancel_request(rid)  # the dispatcher holds it: it is asked to cancel
             assert asked.status is RequestStatus.PENDING and asked.cancel_requested
             f1.latency = 0.0

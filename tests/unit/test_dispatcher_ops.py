@@ -15,6 +15,7 @@ from aiohttp import web
 from synnefo_ganeti import ConfigError, ControlPlane
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.store import InstanceStatus, RequestStatus, Store
+from tests.helpers import eventually, spec
 from tests.unit.test_dispatcher import (
     backend,
     creates,
@@ -22,9 +23,7 @@ from tests.unit.test_dispatcher import (
     finished,
     running,
     settings_for,
-    spec,
     sqlite_url,
-    wait_until,
 )
 
 
@@ -68,15 +67,15 @@ async def test_a_backend_that_stops_answering_goes_down_and_out_of_placement(db_
 
                     return check
 
-                await wait_until(health({"f1": "up", "f2": "up"}), what="both up")
+                await eventually(health({"f1": "up", "f2": "up"}), what="both up")
                 await f1.stop()  # the cluster's RAPI is gone
-                await wait_until(health({"f1": "down", "f2": "up"}), what="f1 down")
+                await eventually(health({"f1": "down", "f2": "up"}), what="f1 down")
                 assert d.health is not None and not d.health.tracker.is_up("f1")
                 assert d.health.tracker.states["f1"].failures >= 2
                 events = await store.backend_events(backend="f1")
                 assert [e["kind"] for e in events] == ["down"]
                 assert events[0]["message"].startswith("health checks failed: ")
-                await wait_until(lambda: received, what="the webhook called")
+                await eventually(lambda: received, what="the webhook called")
                 assert received[0]["backend"] == "f1" and received[0]["state"] == "down"
                 assert received[0]["error"]
 
@@ -101,14 +100,14 @@ async def test_the_status_server_reports_readiness_and_metrics(tmp_path: Path) -
                 async with http.get(d.status.url + "/readyz") as answer:
                     assert answer.status == 200
                     body = await answer.json()
-                assert body == {"status": "ready", "failing": {}, "checks": ["backends", "database"]}
+                assert body == {"status": "ready", "failing": {}, "checks": ["backends", "database", "tasks"]}
                 async with http.get(d.status.url + "/metrics") as answer:
                     assert answer.status == 200
                     metrics = await answer.text()
                 assert 'synnefo_ganeti_requests_total{status="succeeded"}' in metrics
 
                 await f1.stop()
-                await wait_until(lambda: not d.health.tracker.is_up("f1"), what="f1 down")  # type: ignore[union-attr]
+                await eventually(lambda: not d.health.tracker.is_up("f1"), what="f1 down")  # type: ignore[union-attr]
                 async with http.get(d.status.url + "/readyz") as answer:
                     assert answer.status == 503
                     body = await answer.json()
@@ -199,14 +198,8 @@ async def test_the_reconcile_loop_fixes_drift(db_url: str) -> None:
                 instance = await store.get_instance("f1", "drift.example")
                 return instance is not None and instance.status is InstanceStatus.STOPPED
 
-            await wait_until(stopped, what="the drift fixed")
+            await eventually(stopped, what="the drift fixed")
             assert d.stats.reconcile_passes >= 1
-
-
-@pytest.fixture
-def pg_url(make_pg_url: Any) -> str:
-    url: str = make_pg_url()
-    return url
 
 
 async def test_a_backend_is_reconciled_by_one_dispatcher_at_a_time(pg_url: str) -> None:

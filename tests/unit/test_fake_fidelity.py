@@ -8,7 +8,6 @@ JSON or the executor's spaced JSON).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.testing import FakeGaneti, structure_diff
-from tests.helpers import QUEUE_FIXTURES
+from tests.helpers import QUEUE_FIXTURES, eventually
 
 FAST = {
     "OP_INSTANCE_CREATE": 0.02, "OP_INSTANCE_REMOVE": 0.01, "OP_INSTANCE_STARTUP": 0.01,
@@ -50,12 +49,11 @@ class Recorder:
 
 
 async def ended(fake: FakeGaneti, job_id: int) -> None:
-    for _ in range(500):
+    def done() -> bool:
         job = fake.cluster.job(job_id)
-        if job is not None and job.status.is_final and job_id not in fake.cluster._running:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"job {job_id} did not end")
+        return job is not None and job.status.is_final and job_id not in fake.cluster._running
+
+    await eventually(done, what=f"job {job_id} to end")
 
 
 def create_params(name: str, **extra: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import time
 
@@ -17,7 +18,6 @@ import pytest
 from synnefo_ganeti import (
     AuthenticationError,
     BadRequestError,
-    InstanceSpec,
     JobNotFoundError,
     JobStatus,
     NotFoundError,
@@ -29,23 +29,16 @@ from synnefo_ganeti import (
     UnavailableError,
 )
 from synnefo_ganeti.testing import FakeGaneti, structure_diff
-from tests.helpers import rapi_fixture
+from tests import helpers
+from tests.helpers import eventually, fake_client, rapi_fixture
 
 QUICK = {"OP_INSTANCE_CREATE": 0.02, "OP_INSTANCE_REMOVE": 0.01, "OP_INSTANCE_SHUTDOWN": 0.01,
          "OP_INSTANCE_STARTUP": 0.01, "OP_INSTANCE_REBOOT": 0.01, "OP_INSTANCE_SET_PARAMS": 0.01,
          "dry_run": 0.01}  # fmt: skip
 
 
-def client(fake: FakeGaneti, **kwargs) -> RapiClient:
-    kwargs.setdefault("retry", RetryPolicy(attempts=1))
-    return RapiClient(
-        fake.url, username=fake.username, password=fake.password, ca_file=fake.ca_file, **kwargs
-    )
-
-
-def spec(name: str, **kwargs) -> InstanceSpec:
-    values = {"disk_template": "diskless", "os": "noop", "beparams": {"memory": 512}} | kwargs
-    return InstanceSpec(name=name, **values)
+client = fake_client
+spec = functools.partial(helpers.spec, memory=512)
 
 
 async def raw(fake: FakeGaneti, method: str, path: str, **kwargs) -> tuple[int, object]:
@@ -206,7 +199,9 @@ async def test_dry_run_changes_nothing() -> None:
     async with FakeGaneti(op_times=QUICK) as fake, client(fake) as rapi:
         job = await rapi.wait_for_job(await rapi.create_instance(spec("a"), dry_run=True))
         assert job.status is JobStatus.SUCCESS and job.ops[0]["dry_run"] is True
-        assert "dry-run mode requested" in job.log[0].message
+        assert (
+            "dry-run mode requested" in job.log[-1].message
+        )  # after the allocator's " - INFO: Selected nodes"
         assert fake.cluster.instances == {}
 
 
@@ -214,8 +209,13 @@ async def test_node_lock_serialises_and_max_running_jobs_queues() -> None:
     times = QUICK | {"OP_INSTANCE_CREATE": 0.2}
     async with FakeGaneti(nodes=1, op_times=times, max_running_jobs=2) as fake, client(fake) as rapi:
         ids = await rapi.create_instances([spec(f"vm{i}", pnode="node1.fake.test") for i in range(4)])
-        await asyncio.sleep(0.05)
-        statuses = [fake.cluster.job(j).status for j in ids]  # type: ignore[arg-type, union-attr]
+
+        def started() -> list[JobStatus] | None:
+            statuses = [fake.cluster.job(j).status for j in ids]  # type: ignore[arg-type, union-attr]
+            taken = statuses.count(JobStatus.RUNNING) + statuses.count(JobStatus.WAITING)
+            return statuses if taken == 2 and JobStatus.WAITING in statuses else None
+
+        statuses = await eventually(started, what="two jobs taken off the queue, one of them waiting")
         assert statuses.count(JobStatus.RUNNING) == 1  # the node lock: one instance op at a time
         assert statuses.count(JobStatus.WAITING) == 1  # the other running job waits for the lock
         assert statuses.count(JobStatus.QUEUED) == 2  # max_running_jobs
@@ -246,7 +246,7 @@ async def test_wait_long_polls_and_times_out_like_ganeti() -> None:
         client(fake) as rapi,
     ):
         job_id = await rapi.create_instance(spec("a"))
-        await asyncio.sleep(0.1)
+        await eventually(lambda: fake.cluster.job(job_id).status is JobStatus.RUNNING, what="the job running")  # type: ignore[union-attr]
         info = fake.cluster.job(job_id).wait_info(["status"])  # type: ignore[union-attr]
         serial = fake.cluster.job(job_id).log_serial  # type: ignore[union-attr]
         started = time.perf_counter()
@@ -259,7 +259,13 @@ async def test_wait_long_polls_and_times_out_like_ganeti() -> None:
         assert answer["job_info"] == info or answer["log_entries"]  # type: ignore[index]
         assert waited >= 0.2 or answer["log_entries"]  # type: ignore[index]
         done = await rapi.wait_for_job(job_id, timeout=10)
-        assert done.status is JobStatus.SUCCESS and [e.serial for e in done.log] == [1, 2, 3, 4]
+        assert done.status is JobStatus.SUCCESS and [e.serial for e in done.log] == [
+            1,
+            2,
+            3,
+            4,
+            5,
+        ]  # hail's line too
 
 
 async def test_multi_alloc_creates_child_jobs() -> None:
@@ -281,7 +287,8 @@ async def test_archive_after_and_archived_lookup() -> None:
     async with FakeGaneti(op_times=QUICK, archive_after=0.05) as fake, client(fake) as rapi:
         job_id = await rapi.create_instance(spec("a"), dry_run=True)
         await rapi.wait_for_job(job_id)
-        await asyncio.sleep(0.2)
+        archived = fake.queue_dir / "archive" / "0" / f"job-{job_id}"  # type: ignore[operator]
+        await eventually(archived.exists, what="the job archived")
         assert job_id not in [j.id for j in await rapi.list_jobs()]
         assert (await rapi.get_job(job_id)).status is JobStatus.SUCCESS
         assert (fake.queue_dir / "archive" / "0" / f"job-{job_id}").exists()  # type: ignore[operator]

@@ -13,6 +13,7 @@ import re
 from asyncinotify import Inotify, Mask
 
 from synnefo_ganeti.testing import FakeGaneti
+from tests.helpers import eventually
 
 LUXID_TEMP = re.compile(r"^job-(\d+)-(\d+)-(\d+)\.tmp$")
 EXECUTOR_TEMP = re.compile(r"^job-(\d+)[a-z0-9]{8}\.new$")
@@ -37,14 +38,16 @@ async def test_every_version_arrives_by_rename(tmp_path) -> None:
             params = {"instance_name": "vm1", "mode": "create", "disk_template": "diskless", "disks": [],
                       "nics": [{}], "os_type": "noop", "pnode": "node1.fake.test"}  # fmt: skip
             job_id = fake.cluster.submit([("OP_INSTANCE_CREATE", params)], resource="instances")
-            for _ in range(200):
-                if fake.cluster.job(job_id).status.is_final:  # type: ignore[union-attr]
-                    break
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.1)
+            job = f"job-{job_id}"
+
+            def last_version_seen() -> bool:
+                final = fake.cluster.job(job_id).status.is_final  # type: ignore[union-attr]
+                renames = sum(1 for name, mask in events if name == job and mask & Mask.MOVED_TO)
+                return final and renames >= 10
+
+            await eventually(last_version_seen, what="the final version's rename")
         collector.cancel()
     names = [name for name, _ in events]
-    job = f"job-{job_id}"
     # the job file itself is never created, modified or closed after writing: only renamed onto
     assert all(mask & Mask.MOVED_TO for name, mask in events if name == job)
     moved_to = [name for name, mask in events if mask & Mask.MOVED_TO and name == job]

@@ -17,8 +17,6 @@ HTTP faults come from the fake Ganeti (``inject_fault``), network faults from a
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -48,7 +46,7 @@ from tests._fault_matrix import (
     scene,
     spec,
 )
-from tests.helpers import PASSWORD, USER, StubRapi, json_response
+from tests.helpers import PASSWORD, USER, StubRapi, eventually, json_response
 
 
 def submissions(backend: str, outcome: str) -> float:
@@ -127,14 +125,6 @@ async def test_a_create_is_never_duplicated(case: Case) -> None:
 # -- (c) the dispatcher: the healthy backend takes the work, nothing lost or sent twice ---------------
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout:g} s")
-        await asyncio.sleep(0.02)
-
-
 REQUESTS = 6
 
 
@@ -177,10 +167,9 @@ async def test_the_dispatcher_routes_around_a_faulty_backend(case: Case, tmp_pat
             task = asyncio.create_task(dispatcher.run(), name="faults dispatcher")
             try:
                 await asyncio.wait_for(dispatcher.ready.wait(), 10)
-                await wait_until(
+                await eventually(
                     lambda: all(dispatcher.allocator.view(n).stats_at is not None for n in (faulty, healthy)),
-                    10,
-                    "node stats of both backends",
+                    what="node stats of both backends",
                 )
                 # HTTP faults meet only the creates (the faulty backend stays up and gets them);
                 # network faults break the whole backend, as a network would.
@@ -189,13 +178,12 @@ async def test_the_dispatcher_routes_around_a_faulty_backend(case: Case, tmp_pat
                 else:
                     s.break_()
                 ids = [await cp.request_instance(spec(f"vm{i}.example")) for i in range(REQUESTS)]
-                await wait_until(
+                await eventually(
                     lambda: (
                         sum(submissions(faulty, o) for o in ("refused", "error", "unknown"))
                         > before["submissions"]
                     ),
-                    10,
-                    "a failed submission to the faulty backend",
+                    what="a failed submission to the faulty backend",
                 )
                 if case.sent:  # creates whose fate is unknown wait until the backend can be asked
                     s.mend()

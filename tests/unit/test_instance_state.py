@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from synnefo_ganeti.errors import StoreError
+from synnefo_ganeti.errors import ConflictError, NotFoundError
 from synnefo_ganeti.jobs import JobStatus, parse_job_file
 from synnefo_ganeti.store import InstanceAction, InstanceStatus, Store, instance_status_after
 from tests.helpers import QUEUE_FIXTURES
@@ -201,7 +201,7 @@ async def test_jobs_of_instances_not_ours_are_stored_but_move_nothing(db_url) ->
 async def test_instance_rows_are_unique_per_live_name(db_url) -> None:
     async with Store(db_url) as store:
         await store.add_instance("b1", NAME, tags=["a"])
-        with pytest.raises(StoreError, match="already in the database"):
+        with pytest.raises(ConflictError, match="already in the database"):
             await store.add_instance("b1", NAME)
         await store.add_instance("b2", NAME)  # another backend: another instance
         await store.record_instance_job("b1", NAME, 17, InstanceAction.REMOVE)
@@ -212,7 +212,7 @@ async def test_instance_rows_are_unique_per_live_name(db_url) -> None:
         assert reborn.status is InstanceStatus.BUILD and reborn.tags == ["b"] and reborn.create_job_id is None
         await store.record("b1", job(SHUTDOWN_OK))
         assert (await store.get_instance("b1", NAME)).status is InstanceStatus.BUILD  # type: ignore[union-attr]
-        with pytest.raises(StoreError, match="not in the database"):
+        with pytest.raises(NotFoundError, match="not in the database"):
             await store.record_instance_job("b1", "nobody", 99, InstanceAction.STARTUP)
         with pytest.raises(ValueError, match="not instance fields"):
             await store.update_instance("b1", NAME, colour="blue")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from synnefo_ganeti.metrics import (
 from synnefo_ganeti.reconcile import Reconciler
 from synnefo_ganeti.store import Store
 from synnefo_ganeti.testing import FakeGaneti
+from tests.helpers import closed_port
 
 ONCE = RetryPolicy(attempts=1)
 
@@ -44,13 +44,6 @@ def timed(backend: str, method: str, suffix: str = "count") -> float:
 
 def settings_of(fake: FakeGaneti, name: str, **extra: object) -> BackendSettings:
     return BackendSettings(name=name, url=fake.url, username=fake.username, password=fake.password, **extra)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 async def test_an_ok_call_is_counted_and_timed_under_the_configured_name() -> None:

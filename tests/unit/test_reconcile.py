@@ -4,8 +4,8 @@ back is found, fixed per kind, orphans deleted only when asked; dead and slow ba
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from synnefo_ganeti import InstanceSpec, JobStatus, RapiClient, RetryPolicy
+from synnefo_ganeti import JobStatus, RapiClient, RetryPolicy
 from synnefo_ganeti.cli import main
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.control import ControlPlane
@@ -24,6 +24,8 @@ from synnefo_ganeti.reconcile import Fix, Reconciler, Report, job_file
 from synnefo_ganeti.store import InstanceStatus, Store
 from synnefo_ganeti.testing import FakeGaneti
 from synnefo_ganeti.watch import QueueWatcher
+from tests import helpers
+from tests.helpers import clock_ticks, closed_port, eventually
 
 QUICK = {"OP_INSTANCE_CREATE": 0.02, "OP_INSTANCE_REMOVE": 0.01, "OP_INSTANCE_SHUTDOWN": 0.01,
          "OP_INSTANCE_STARTUP": 0.01, "OP_INSTANCE_REBOOT": 0.01, "OP_INSTANCE_SET_PARAMS": 0.01,
@@ -46,37 +48,14 @@ def backend_of(name: str, fake: FakeGaneti) -> tuple[str, str, str, str]:
     return name, fake.url, fake.username, fake.password
 
 
-def spec(name: str, **kwargs: Any) -> InstanceSpec:
-    values: dict[str, Any] = {
-        "disk_template": "file", "os": "noop", "beparams": {"memory": 512}, "disks": [{"size": 1024}],
-    } | kwargs  # fmt: skip
-    return InstanceSpec(name=name, **values)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+#: a file-backed instance: the reconciler compares its disks too
+spec = functools.partial(helpers.spec, disk_template="file", memory=512, disks=[{"size": 1024}])
 
 
 def kinds(report: Report, backend: str = B) -> set[tuple[str, str | None]]:
     found = next(b for b in report.backends if b.name == backend)
     assert found.ok, found.error
     return {(d.kind.value, d.instance) for d in found.drifts}
-
-
-async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 @asynccontextmanager
@@ -124,7 +103,7 @@ async def test_drift_found_fixed_per_kind_and_then_clean(db_url: str) -> None:
             names = [f"sg-{letter}" for letter in "abcdef"]
             async with watching(fake, store):
                 await create(cp, client, *names)
-                await wait_until(lambda: _all_started(store, names))
+                await eventually(lambda: _all_started(store, names), what="every instance started")
             # just created through the facade, events stored by the watcher: no drift at all
             assert (await reconciler.run_once()).clean
             assert (await reconciler.run_once()).clean
@@ -151,9 +130,7 @@ async def test_drift_found_fixed_per_kind_and_then_clean(db_url: str) -> None:
                 | {"status": "running", "opstatus": ["running"], "end_ts": None}
             )
             await store.record(B, job_file(running))
-            await asyncio.sleep(
-                0.01
-            )  # the jobs ended before the next snapshot (whole seconds in Ganeti's clock)
+            await clock_ticks()  # the jobs ended before the next snapshot
 
             expected = {
                 ("stale", "sg-a"), ("operstate", "sg-b"), ("flavor", "sg-c"), ("nics", "sg-d"), ("disks", "sg-e"),
@@ -196,9 +173,9 @@ async def test_drift_found_fixed_per_kind_and_then_clean(db_url: str) -> None:
             assert [(d.kind.value, d.instance, d.fixed) for d in report.drifts] == [
                 ("orphan", "sg-orphan", True)
             ]
-            await wait_until(lambda: "sg-orphan" not in fake.cluster.instances)
+            await eventually(lambda: "sg-orphan" not in fake.cluster.instances, what="the orphan deleted")
             assert "theirs" in fake.cluster.instances  # not ours: never touched
-            await asyncio.sleep(0.01)
+            await clock_ticks()
             assert (await reconciler.run_once()).clean
             assert (await reconciler.run_once()).clean
 
@@ -229,7 +206,7 @@ async def test_building_cases_against_ganeti(db_url: str) -> None:
         assert now["sg-lost"] is InstanceStatus.ERROR and now["sg-never"] is InstanceStatus.ERROR
         assert now["sg-slow"] is InstanceStatus.BUILD
         await client.wait_for_job(slow_job)
-        await asyncio.sleep(0.01)
+        await clock_ticks()
         report = await reconciler.run_once(fixes={Fix.BUILDING})
         assert kinds(report) == {("building", "sg-slow")}
         assert (await statuses(store))["sg-slow"] is InstanceStatus.STARTED
@@ -264,7 +241,7 @@ async def test_archived_job_is_looked_up(db_url: str) -> None:
         await store.record(B, job_file(running))
         assert fake.archive_jobs() == 1
         assert job_id not in {job.id for job in await client.list_jobs()}
-        await asyncio.sleep(0.01)
+        await clock_ticks()
         async with Reconciler(settings, store=store, clients={B: client}) as reconciler:
             report = await reconciler.run_once(fixes={Fix.JOBS})
             (drift,) = report.drifts
@@ -323,7 +300,7 @@ async def test_run_forever_survives_and_stops(db_url: str) -> None:
 
             reconciler.run_once = counting  # type: ignore[method-assign]
             task = asyncio.create_task(reconciler.run_forever(stop=stop))
-            await wait_until(lambda: passes >= 4)
+            await eventually(lambda: passes >= 4, what="four passes")
             stop.set()
             await asyncio.wait_for(task, 2)
 
@@ -361,7 +338,7 @@ async def test_cli_reconcile_json_and_exit_codes(db_url: str, tmp_path: Path) ->
         await store.add_instance(B, "sg-gone", status=InstanceStatus.STARTED)
         orphan = await client.create_instance(spec("sg-orphan", tags=[OWNED]))
         await client.wait_for_job(orphan)
-        await asyncio.sleep(0.01)
+        await clock_ticks()
         found = await cli("reconcile", "--config", str(config), "--json")
         assert found.exit_code == 1, found.output
         data = json.loads(found.stdout)
@@ -377,8 +354,8 @@ async def test_cli_reconcile_json_and_exit_codes(db_url: str, tmp_path: Path) ->
         fixed = await cli("reconcile", "--config", str(config), "--json", "--fix-all", "--delete-orphans")
         assert fixed.exit_code == 1
         assert all(d["fixed"] for d in json.loads(fixed.stdout)["backends"][0]["drifts"])
-        await wait_until(lambda: "sg-orphan" not in fake.cluster.instances)
-        await asyncio.sleep(0.01)
+        await eventually(lambda: "sg-orphan" not in fake.cluster.instances, what="the orphan deleted")
+        await clock_ticks()
         again = await cli("reconcile", "--config", str(config), "--json", "--backend", B)
         assert again.exit_code == 0, again.output
 

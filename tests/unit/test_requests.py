@@ -9,22 +9,17 @@ stored by the watcher.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Connection, inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from synnefo_ganeti import ConfigError, ControlPlane, InstanceSpec
-from synnefo_ganeti.errors import GanetiError, RequestTimeoutError, StoreError
+from synnefo_ganeti.errors import ConflictError, NotFoundError
 from synnefo_ganeti.jobs import JobFile, JobStatus, parse_job_file
-from synnefo_ganeti.reconcile._observe import expectation
 from synnefo_ganeti.store import (
     InstanceAction,
     InstanceStatus,
@@ -37,10 +32,7 @@ from synnefo_ganeti.store import (
     normalize_url,
     upgrade,
 )
-from synnefo_ganeti.testing import FakeGaneti
-from synnefo_ganeti.watch import QueueWatcher
 from tests.helpers import QUEUE_FIXTURES
-from tests.unit.test_control import QUICK, settings_for
 from tests.unit.test_store_migrations import _command, _diff, _run, _tables
 
 B1 = "b1"
@@ -119,7 +111,7 @@ async def test_add_request_is_idempotent_per_id(db_url) -> None:
         assert request.spec == spec_of() and request.attempts == 0 and request.claimed_by is None
         again, new_again = await store.add_request(spec_of(), name=NAME, request_id=request.id)
         assert not new_again and again == request
-        with pytest.raises(StoreError, match=f"already exists for instance {NAME}, not other"):
+        with pytest.raises(ConflictError, match=f"already exists for instance {NAME}, not other"):
             await store.add_request(spec_of("other"), name="other", request_id=request.id)
         mine, new_mine = await store.add_request(spec_of(), name=NAME, request_id="my-own-id")
         assert new_mine and mine.id == "my-own-id"
@@ -222,7 +214,7 @@ async def test_place_refuses_a_name_taken_on_the_backend(db_url) -> None:
         await store.add_instance(B1, NAME, status=InstanceStatus.STARTED)
         request, _ = await store.add_request(spec_of(), name=NAME)
         [claimed] = await store.claim_requests("d1")
-        with pytest.raises(StoreError, match="already in the database"):
+        with pytest.raises(ConflictError, match="already in the database"):
             await store.place_request(request.id, "d1", B1, EXPECTED)
         untouched = await current(store, request.id)
         assert untouched == claimed and untouched.backend is None and untouched.attempts == 0
@@ -236,7 +228,7 @@ async def test_place_refuses_the_build_row_of_another_request(db_url) -> None:
         first = await placed(store)
         second, _ = await store.add_request(spec_of(), name=NAME)
         [claimed] = await store.claim_requests("d2")
-        with pytest.raises(StoreError, match="already in the database"):
+        with pytest.raises(ConflictError, match="already in the database"):
             await store.place_request(second.id, "d2", B1, EXPECTED)
         assert await current(store, second.id) == claimed
         # the first request's row is still its own: its job settles it
@@ -265,7 +257,7 @@ async def test_place_and_unplace_need_the_request_held(db_url) -> None:
             await store.place_request(request.id, "d1", B1, EXPECTED)
         still = await current(store, request.id)
         assert still.attempts == 1 and still.cancel_requested and still.status is RequestStatus.PENDING
-        with pytest.raises(StoreError, match="not in the database"):
+        with pytest.raises(NotFoundError, match="not in the database"):
             await store.place_request("no-such-request", "d1", B1, EXPECTED)
 
 
@@ -290,7 +282,7 @@ async def test_submitted_request_records_the_create_job(db_url) -> None:
         with pytest.raises(RequestNotHeldError, match="status submitted"):
             await store.place_request(request.id, "d1", B1, EXPECTED)
         unplaced, _ = await store.add_request(spec_of("vm2"), name="vm2")
-        with pytest.raises(StoreError, match="has no backend"):
+        with pytest.raises(ConflictError, match="has no backend"):
             await store.submitted_request(unplaced.id, 12)
 
 
@@ -407,7 +399,7 @@ async def test_cancel_request_in_the_database(db_url) -> None:
         sent = await submitted(store, 11, name="vm3")
         left, done = await store.cancel_request(sent.id)
         assert not done and left.status is RequestStatus.SUBMITTED and left.job_id == 11
-        with pytest.raises(StoreError, match="not in the database"):
+        with pytest.raises(NotFoundError, match="not in the database"):
             await store.cancel_request("no-such-request")
 
 
@@ -547,158 +539,6 @@ async def test_wait_for_change_wakes_on_a_commit(db_url) -> None:
         await store.record(B1, job(CREATE_OK, job_id=11))
         assert await waiter is True
         assert await store.wait_for_change(0.05) is False
-
-
-# -- the facade ----------------------------------------------------------------------------------
-
-
-def instance_spec(name: str, **kwargs: object) -> InstanceSpec:
-    values: dict[str, object] = {
-        "name": name, "disk_template": "diskless", "os": "noop", "pnode": "node1.fake.test",
-        "beparams": {"memory": 256, "vcpus": 1},
-    }  # fmt: skip
-    values.update(kwargs)
-    return InstanceSpec(**values)
-
-
-@asynccontextmanager
-async def plane(tmp_path: Path, db_url: str, **fake: Any) -> AsyncIterator[tuple[FakeGaneti, ControlPlane]]:
-    """A fake Ganeti writing its queue, the watcher storing it, and a ControlPlane on top."""
-    queue = tmp_path / "queue"
-    async with (
-        FakeGaneti(tls=False, queue_dir=queue, **{"op_times": QUICK, **fake}) as ganeti,
-        Store(db_url) as store,
-        ControlPlane(settings_for(ganeti, db_url), store=store) as cp,
-    ):
-        watcher = QueueWatcher(queue, store, "f1")
-        task = asyncio.create_task(watcher.run())
-        await watcher.ready.wait()
-        try:
-            yield ganeti, cp
-        finally:
-            watcher.stop()
-            await task
-
-
-async def dispatch_by_hand(cp: ControlPlane, request_id: str) -> int:
-    """What the dispatcher does with a request: claim, place on f1, submit, record."""
-    request = await cp.get_request(request_id)
-    spec = InstanceSpec.model_validate(request.spec)
-    assert [r.id for r in await cp.store.claim_requests("d1", limit=1)] == [request_id]
-    await cp.store.place_request(request_id, "d1", "f1", expectation(spec, list(spec.tags)))
-    job_id = await (await cp.client("f1")).create_instance(spec, request_id=request_id)
-    await cp.store.submitted_request(request_id, job_id, start=spec.start)
-    return job_id
-
-
-async def until(check: Any) -> None:
-    """Polls ``check`` until it is true (a hang fails at WAIT)."""
-    async with asyncio.timeout(WAIT):
-        for _ in itertools.count():
-            if await check():
-                return
-            await asyncio.sleep(0.02)
-
-
-async def stored_final(cp: ControlPlane, job_id: int) -> bool:
-    stored = await cp.store.get_job("f1", job_id)
-    return stored is not None and stored.status.is_final and job_id not in await cp.store.unapplied_jobs("f1")
-
-
-async def test_request_instance_and_wait_request(tmp_path, db_url) -> None:
-    async with plane(tmp_path, db_url) as (fake, cp):
-        with pytest.raises(ConfigError, match="unknown backend 'nope'"):
-            await cp.request_instance(instance_spec("vm1.fake.test"), backend="nope")
-        assert await cp.list_requests() == []
-        rid = await cp.request_instance(instance_spec("vm1.fake.test"), backend="f1")
-        assert await cp.request_instance(instance_spec("vm1.fake.test"), backend="f1", request_id=rid) == rid
-        request = await cp.get_request(rid)
-        assert request.want_backend == "f1" and request.spec["beparams"] == {"memory": 256, "vcpus": 1}
-        with pytest.raises(RequestTimeoutError, match=f"request {rid} has not ended") as timed_out:
-            await cp.wait_request(rid, timeout=0.05)
-        assert (timed_out.value.request_id, timed_out.value.status) == (rid, "pending")
-        with pytest.raises(StoreError, match="not in the database"):
-            await cp.get_request("no-such-request")
-
-        waiter = asyncio.create_task(cp.wait_request(rid, timeout=WAIT))
-        await asyncio.sleep(0.05)
-        assert not waiter.done()  # pending: nothing to return yet
-        job_id = await dispatch_by_hand(cp, rid)
-        ended = await waiter  # the watcher stores the job's end, which settles the request
-        assert (ended.status, ended.job_id, ended.backend) == (RequestStatus.SUCCEEDED, job_id, "f1")
-        assert "vm1.fake.test" in fake.cluster.instances
-        instance = await cp.get_instance("vm1.fake.test", backend="f1")
-        assert instance is not None and instance.status is InstanceStatus.STARTED
-        assert [r.id for r in await cp.list_requests(status=["succeeded"], backend="f1")] == [rid]
-        # a request that ended is returned at once, and canceling it changes nothing
-        assert await cp.wait_request(rid, timeout=0) == ended
-        assert await cp.cancel_request(rid) == ended
-
-
-async def test_cancel_requests_through_the_facade(tmp_path, db_url) -> None:
-    slow = {**QUICK, "OP_INSTANCE_CREATE": 1.5}  # the first create runs, the next one queues
-    async with plane(tmp_path, db_url, max_running_jobs=1, op_times=slow) as (fake, cp):
-        pending = await cp.request_instance(instance_spec("vm0.fake.test"))
-        assert (await cp.cancel_request(pending)).status is RequestStatus.CANCELED
-
-        running = await cp.request_instance(instance_spec("vm1.fake.test"))
-        queued = await cp.request_instance(instance_spec("vm2.fake.test"))
-        running_job = await dispatch_by_hand(cp, running)
-        queued_job = await dispatch_by_hand(cp, queued)
-        assert fake.cluster.jobs[running_job].status is JobStatus.RUNNING
-        assert fake.cluster.jobs[queued_job].status is JobStatus.QUEUED
-
-        with pytest.raises(GanetiError, match=f"its job {running_job} on f1 could not be canceled"):
-            await cp.cancel_request(running)
-        assert (await cp.get_request(running)).status is RequestStatus.SUBMITTED
-
-        canceled_request = await cp.cancel_request(queued)
-        assert canceled_request.status is RequestStatus.CANCELED and canceled_request.job_id == queued_job
-        assert fake.cluster.jobs[queued_job].status is JobStatus.CANCELED
-        assert "vm2.fake.test" not in fake.cluster.instances
-        # it goes on, and ends as its job does
-        assert (await cp.wait_request(running, timeout=WAIT)).status is RequestStatus.SUCCEEDED
-        await until(lambda: stored_final(cp, queued_job))
-        assert (await cp.get_request(queued)).status is RequestStatus.CANCELED
-
-
-async def test_delete_instance_of_a_build_instance(tmp_path, db_url) -> None:
-    slow = {**QUICK, "OP_INSTANCE_CREATE": 1.5}  # the first create runs, the next one queues
-    async with plane(tmp_path, db_url, max_running_jobs=1, op_times=slow) as (fake, cp):
-        _, running_job = await cp.create_instance(instance_spec("vm1.fake.test"), backend="f1")
-        rid = await cp.request_instance(instance_spec("vm2.fake.test"))
-        queued_job = await dispatch_by_hand(cp, rid)
-        assert fake.cluster.jobs[running_job].status is JobStatus.RUNNING
-        assert fake.cluster.jobs[queued_job].status is JobStatus.QUEUED
-
-        # a running create is waited for, then the instance removed
-        removing = asyncio.create_task(cp.delete_instance("vm1.fake.test", backend="f1", build_timeout=WAIT))
-        # a queued create is canceled: the instance never exists, its request is canceled
-        assert await cp.delete_instance("vm2.fake.test", backend="f1") == queued_job
-        assert fake.cluster.jobs[queued_job].status is JobStatus.CANCELED
-        gone = await cp.get_instance("vm2.fake.test", backend="f1")
-        assert gone is not None and gone.status is InstanceStatus.DESTROYED
-        request = await cp.get_request(rid)
-        assert (request.status, request.error) == (RequestStatus.CANCELED, f"job {queued_job} was canceled")
-        # the watcher storing the canceled create brings back neither
-        await until(lambda: stored_final(cp, queued_job))
-        gone = await cp.get_instance("vm2.fake.test", backend="f1")
-        assert gone is not None and gone.status is InstanceStatus.DESTROYED
-        assert await cp.get_request(rid) == request
-        assert [j["result"] for j in await cp.store.instance_jobs("f1", "vm2.fake.test")] == ["canceled"]
-
-        remove_job = await removing
-        assert remove_job not in (running_job, queued_job)
-        assert fake.cluster.jobs[running_job].status is JobStatus.SUCCESS
-
-        await until(lambda: stored_final(cp, remove_job))
-        removed = await cp.get_instance("vm1.fake.test", backend="f1")
-        assert removed is not None and removed.status is InstanceStatus.DESTROYED
-        assert "vm1.fake.test" not in fake.cluster.instances
-        jobs = await cp.store.instance_jobs("f1", "vm1.fake.test")
-        assert [(j["job_id"], j["action"], j["result"]) for j in jobs] == [
-            (running_job, "create", "success"), (remove_job, "remove", "success"),
-        ]  # fmt: skip
 
 
 # -- the migration -------------------------------------------------------------------------------

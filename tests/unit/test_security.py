@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
@@ -25,12 +24,7 @@ from synnefo_ganeti.testing import FakeGaneti
 from tests._fault_runs import DB_SECRET, RAPI_SECRETS, secret_forms, security_run
 
 
-@pytest.fixture
-def pg_url(make_pg_url: Callable[[], str]) -> str:
-    """A fresh PostgreSQL database (made outside the event loop)."""
-    return make_pg_url()
-
-
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_a_full_run_shows_no_password_anywhere(pg_url: str, tmp_path: Path) -> None:
     run = await security_run(tmp_path, pg_url)

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from synnefo_ganeti import RapiClient, RetryPolicy, TLSError
+from synnefo_ganeti import RapiClient, TLSError
 from synnefo_ganeti.rapi import parse_fingerprint
-from tests.helpers import PASSWORD, USER, StubRapi, make_certificate
+from tests.helpers import ONCE, StubRapi, make_certificate, stub_client
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ def certs(tmp_path):
 
 
 def client(url: str, **kwargs) -> RapiClient:
-    return RapiClient(url, username=USER, password=PASSWORD, retry=RetryPolicy(attempts=1), **kwargs)
+    return stub_client(url, retry=ONCE, **kwargs)
 
 
 async def test_ca_file_trusts_ganetis_kind_of_certificate(certs) -> None:

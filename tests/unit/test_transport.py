@@ -12,22 +12,27 @@ from synnefo_ganeti import (
     BadRequestError,
     ConfigError,
     GanetiError,
-    NotFoundError,
     RapiClient,
     RapiConnectionError,
     RapiError,
+    RapiNotFoundError,
     RapiTimeoutError,
     RetryPolicy,
     UnavailableError,
 )
-from tests.helpers import PASSWORD, USER, StubRapi, ganeti_error, json_response, never_answer, rapi_fixture
+from tests.helpers import (
+    FAST_RETRY,
+    PASSWORD,
+    USER,
+    StubRapi,
+    ganeti_error,
+    json_response,
+    never_answer,
+    rapi_fixture,
+    stub_client,
+)
 
-FAST = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.002)
-
-
-def client(url: str, password: str = PASSWORD, **kwargs) -> RapiClient:
-    kwargs.setdefault("retry", FAST)
-    return RapiClient(url, username=USER, password=password, **kwargs)
+client = stub_client
 
 
 async def test_requests_carry_auth_json_and_no_connection_close() -> None:
@@ -54,7 +59,7 @@ async def test_requests_carry_auth_json_and_no_connection_close() -> None:
     [
         (401, AuthenticationError, "check the username and password"),
         (403, AuthenticationError, "write access"),
-        (404, NotFoundError, "check the name"),
+        (404, RapiNotFoundError, "check the name"),
         (400, BadRequestError, "fix the request"),
         (415, BadRequestError, "fix the request"),
         (502, UnavailableError, "retry later"),
@@ -115,7 +120,7 @@ async def test_retries_are_bounded() -> None:
         async with client(stub.url) as rapi:
             with pytest.raises(UnavailableError):
                 await rapi.version()
-    assert len(stub.seen) == FAST.attempts
+    assert len(stub.seen) == FAST_RETRY.attempts
 
 
 async def test_writes_do_not_retry_ambiguous_failures() -> None:

@@ -37,6 +37,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from synnefo_ganeti.jobs import EventKind, JobStatus, calc_job_status
 from synnefo_ganeti.store import Store, StoredEvent, StoredJob
 from synnefo_ganeti.watch import QueueWatcher
+from tests.helpers import eventually
 
 BACKEND = "stateful"
 T0 = 1_795_327_455
@@ -227,22 +228,15 @@ class WatcherMachine(RuleBasedStateMachine):
         self.watcher = watcher
         self.task = asyncio.create_task(watcher.run())
         task = self.task
-        await self._until(lambda: watcher.ready.is_set() or task.done(), "the watcher to be ready")
+        await eventually(
+            lambda: watcher.ready.is_set() or task.done(), timeout=DEADLINE, what="the watcher ready"
+        )
 
     async def _stop_watcher(self) -> None:
         if self.watcher is not None and self.task is not None:
             self.watcher.stop()
             await asyncio.wait_for(self.task, DEADLINE)
         self.watcher = self.task = None
-
-    @staticmethod
-    async def _until(predicate: Any, what: str) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + DEADLINE
-        while not predicate():
-            if loop.time() > deadline:
-                raise AssertionError(f"gave up after {DEADLINE} s waiting for {what}")
-            await asyncio.sleep(0.01)
 
     def teardown(self) -> None:
         try:
@@ -342,7 +336,7 @@ class WatcherMachine(RuleBasedStateMachine):
             assert watcher is not None
             if lose:
                 watcher.on_event = lambda mask, watch, name: None  # type: ignore[method-assign]
-                try:
+                try:  # a window in which every event is dropped, as the kernel does on overflow
                     await asyncio.sleep(0.02)
                 finally:
                     del watcher.on_event
@@ -365,7 +359,7 @@ class WatcherMachine(RuleBasedStateMachine):
 
     @rule(seconds=st.sampled_from([0.0, 0.002, 0.01, 0.05]))
     def let_it_run(self, seconds: float) -> None:
-        self.run(asyncio.sleep(seconds))
+        self.run(asyncio.sleep(seconds))  # not ordering anything: lets the watcher interleave differently
 
     @precondition(lambda self: bool(self.model))
     @rule()
@@ -425,25 +419,28 @@ class WatcherMachine(RuleBasedStateMachine):
     async def _check(self) -> None:
         store, watcher = self.store, self.watcher
         assert store is not None and watcher is not None
-        loop = asyncio.get_running_loop()
         # generous the first time; once a check has failed, hypothesis shrinks the failing
         # example by running it again and again, and each of those waits need not be as long
         wait = DEADLINE if not WatcherMachine.failed else SHRINK_DEADLINE
-        deadline = loop.time() + wait
-        while True:
+        problems: list[str] = []
+
+        async def consistent() -> tuple[Any, Any] | None:
+            nonlocal problems
             await store.flush()
-            stored, events = await self._snapshot(store)
-            problems = self._differences(stored, events)
-            if not problems and not watcher._pending and store.pending == 0:
-                # jobs and events are two reads: a version of a deleted job (which need not
-                # match anything) may be committed between them; check a snapshot that held still
-                await store.flush()
-                if (stored, events) == await self._snapshot(store):
-                    break
-            if loop.time() > deadline:
-                WatcherMachine.failed = True
-                raise AssertionError(f"after {wait} s ({watcher.stats}): " + "; ".join(problems))
-            await asyncio.sleep(0.02)
+            snapshot = await self._snapshot(store)
+            problems = self._differences(*snapshot)
+            if problems or watcher._pending or store.pending != 0:
+                return None
+            # jobs and events are two reads: a version of a deleted job (which need not
+            # match anything) may be committed between them; check a snapshot that held still
+            await store.flush()
+            return snapshot if snapshot == await self._snapshot(store) else None
+
+        try:
+            stored, events = await eventually(consistent, timeout=wait, what="the store to match the model")
+        except AssertionError:
+            WatcherMachine.failed = True
+            raise AssertionError(f"after {wait} s ({watcher.stats}): " + "; ".join(problems)) from None
         for job_id, job in stored.items():
             self._check_events(job, events.get(job_id, []))
             if job_id in self.final_seen:
@@ -479,7 +476,8 @@ class WatcherMachine(RuleBasedStateMachine):
 
 
 TestWatcherMachine = WatcherMachine.TestCase
-TestWatcherMachine.pytestmark = [pytest.mark.timeout(600)]  # room to shrink a failure and report it
+# slow: some 20 s of hypothesis-driven runs; the timeout leaves room to shrink a failure and report it
+TestWatcherMachine.pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 TestWatcherMachine.settings = settings(
     max_examples=30,
     stateful_step_count=40,

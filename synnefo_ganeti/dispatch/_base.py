@@ -1,0 +1,179 @@
+"""What every part of the dispatcher shares: its state, its counters and the small steps
+(pause, fail, cancel) that the submitter and crash recovery both take.
+
+The dispatcher is one object built in layers, one module each: this base, the per-backend
+wiring (:mod:`._wiring`), crash recovery (:mod:`._recovery`), the submitter
+(:mod:`._submitter`) and the lifecycle (:mod:`._dispatcher`, the public :class:`Dispatcher`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from synnefo_ganeti import metrics
+from synnefo_ganeti._backends import BackendResources
+from synnefo_ganeti.allocate import Allocator, BackendView, Reservation
+from synnefo_ganeti.config import BackendSettings, Settings
+from synnefo_ganeti.daemon import StatusServer, Supervisor, SystemdNotifier
+from synnefo_ganeti.dispatch._liveness import DispatcherLock, new_dispatcher_id
+from synnefo_ganeti.dispatch._tracker import JobTracker
+from synnefo_ganeti.errors import GanetiError
+from synnefo_ganeti.health import HealthMonitor
+from synnefo_ganeti.rapi import RapiClient
+from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, Store
+from synnefo_ganeti.watch import QueueWatcher
+
+__all__ = ["DispatcherBase", "DispatcherStats"]
+
+log = logging.getLogger("synnefo_ganeti.dispatch")
+
+#: how long a backend that refused a create (503, unreachable, auth or TLS failure) is left out of placement
+REFUSING_SECONDS = 15.0
+
+
+@dataclass(slots=True)
+class DispatcherStats:
+    claimed: int = 0
+    submitted: int = 0
+    resubmitted: int = 0  # sent again after Ganeti was asked and had nothing
+    recovered: int = 0  # found in Ganeti after a crash (job or instance): not sent again
+    failed: int = 0
+    canceled: int = 0
+    placement_retries: int = 0
+    capacity_retries: int = 0  # creates that failed for lack of room, placed again
+    reconcile_passes: int = 0
+    started_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(slots=True)
+class _Backend:
+    settings: BackendSettings
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    tracker: JobTracker | None = None
+    watcher: QueueWatcher | None = None
+    submit_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(8))
+
+
+class DispatcherBase(BackendResources):
+    """The dispatcher's state; see :class:`~synnefo_ganeti.dispatch.Dispatcher`."""
+
+    _usage = "use 'await Dispatcher(settings).run()'"
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        store: Store | None = None,
+        clients: Mapping[str, RapiClient] | None = None,
+        config_path: str | Path | None = None,
+        dispatcher_id: str | None = None,
+        status_server: bool = True,
+        notifier: SystemdNotifier | None = None,
+        freeze_gc: bool = False,
+    ) -> None:
+        super().__init__(settings, store=store, clients=clients)
+        self.id = dispatcher_id or new_dispatcher_id()
+        self.config_path = Path(config_path) if config_path is not None else settings.source
+        self.stats = DispatcherStats()
+        self.allocator = Allocator(settings.dispatcher.strategy)
+        self.health: HealthMonitor | None = None
+        self.status: StatusServer | None = None
+        self.notifier = notifier or SystemdNotifier()
+        #: the root tasks (loops, per-backend trackers and watchers); a new one per run()
+        self.supervisor = Supervisor("dispatcher", logger=log)
+        self.ready = asyncio.Event()
+        self._status_wanted = status_server
+        self._freeze_gc = freeze_gc
+        self._lock: DispatcherLock | None = None
+        self._backends: dict[str, _Backend] = {}
+        self._stop = asyncio.Event()
+        self._claiming = True
+        self._wake = asyncio.Event()
+        self._inflight: set[asyncio.Task[None]] = set()
+        # (backend, job id) -> the reservation and when the job was recorded
+        self._jobs: dict[tuple[str, int], Reservation] = {}
+        self._health_task: asyncio.Task[Any] | None = None
+        self._reload_lock = asyncio.Lock()
+        # backend -> (when, the listing of its jobs by reason) for crash recovery
+        self._job_listings: dict[str, tuple[float, asyncio.Future[dict[str, int]]]] = {}
+        # request id -> since when its create's fate is unknown (Ganeti is asked about it)
+        self._check_since: dict[str, float] = {}
+        # dispatcher id -> when its lock was first seen free (PostgreSQL)
+        self._suspects: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"<Dispatcher {self.id} backends=[{', '.join(self._backends)}] in flight={len(self._inflight)}>"
+        )
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake at once when the dispatcher stops (a request waiting for room or for
+        an answer from Ganeti then leaves its claim for the next dispatcher)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()
+
+    async def _cancel(self, request: Request) -> None:
+        await self.store.finish_request(
+            request.id,
+            RequestStatus.CANCELED,
+            error="canceled before it was submitted",
+            dispatcher=self.id,
+            instance_status=InstanceStatus.DESTROYED,
+        )
+        self.stats.canceled += 1
+        metrics.REQUESTS.labels("canceled").inc()
+
+    async def _cancel_sent(self, request: Request, client: RapiClient) -> None:
+        """A cancel asked for while the create was being sent: cancel its job if still queued."""
+        assert request.job_id is not None
+        try:
+            result = await client.cancel_job(request.job_id)
+        except GanetiError as exc:
+            log.warning("request %s: cancel of job %d failed (%s)", request.id, request.job_id, exc)
+            return
+        if result.success:
+            await self.store.finish_request(
+                request.id, RequestStatus.CANCELED, error=f"job {request.job_id} canceled"
+            )
+            self.stats.canceled += 1
+            metrics.REQUESTS.labels("canceled").inc()
+        else:
+            log.warning(
+                "request %s: canceled while its create was sent, but job %d runs already (%s)",
+                request.id,
+                request.job_id,
+                result.message,
+            )
+
+    async def _fail(self, request: Request, error: str, *, placed: bool = False) -> None:
+        await self.store.finish_request(
+            request.id,
+            RequestStatus.FAILED,
+            error=error,
+            dispatcher=self.id,
+            instance_status=InstanceStatus.ERROR if placed else None,
+        )
+        self.stats.failed += 1
+        metrics.REQUESTS.labels("failed").inc()
+        log.warning("request %s failed: %s", request.id, error)
+
+    def _leave_out(self, name: str) -> None:
+        """``name`` refused a create: out of placement for :data:`REFUSING_SECONDS`."""
+        view = self.allocator.view(name)
+        self.allocator.update(_replace(view, refusing_until=time.monotonic() + REFUSING_SECONDS))
+
+
+def _replace(view: BackendView, **changes: Any) -> BackendView:
+    return dataclasses.replace(view, **changes)

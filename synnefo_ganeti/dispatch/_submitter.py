@@ -1,0 +1,284 @@
+"""The submitter: claims pending requests and, for each, places it, writes the placement,
+sends the create and records its job (or places it again, or fails it); and learns from the
+job ends the store commits (the allocator's accounting)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from synnefo_ganeti import metrics
+from synnefo_ganeti._backoff import Backoff
+from synnefo_ganeti.allocate import NoCapacityError, Requirement, Reservation, chooses_nodes, placed_spec
+from synnefo_ganeti.dispatch._recovery import TAKEOVER_CHECK, Recovery, _settled_after
+from synnefo_ganeti.errors import (
+    AuthenticationError,
+    ConflictError,
+    CreateOutcomeUnknownError,
+    GanetiError,
+    RapiError,
+    StoreError,
+    TransportError,
+    UnavailableError,
+)
+from synnefo_ganeti.jobs import JobStatus
+from synnefo_ganeti.rapi import InstanceSpec, is_transient, is_unsent
+from synnefo_ganeti.reconcile._observe import expectation
+from synnefo_ganeti.store import CommitInfo, Request, RequestNotHeldError, is_capacity_error, request_tag
+
+__all__ = ["Submitter"]
+
+log = logging.getLogger("synnefo_ganeti.dispatch")
+
+#: a request whose work failed (the database down or locked): first and longest wait before trying again
+OUTAGE_BACKOFF = (0.5, 10.0)
+#: a request that could not be placed (no room, backend refused): first and longest wait
+PLACEMENT_BACKOFF = (0.5, 10.0)
+
+
+class Submitter(Recovery):
+    """Claim, place, submit, record: one task per claimed request."""
+
+    def _capacity(self) -> int:
+        per_backend = self.settings.dispatcher.submit_concurrency
+        return max(1, per_backend * max(1, len(self._backends)) * 2)
+
+    def _spawn_taken(self, taken: list[Request]) -> None:
+        for request in taken:
+            self.stats.claimed += 1
+            self._spawn(request)
+
+    async def _submit_loop(self) -> None:
+        self._spawn_taken(await self._take_over_dead())
+        options = self.settings.dispatcher
+        last_takeover = time.monotonic()
+        while self._claiming:
+            room = self._capacity() - len(self._inflight)
+            claimed: list[Request] = []
+            if room > 0:
+                try:
+                    claimed = await self.store.claim_requests(self.id, min(room, options.claim_batch))
+                except GanetiError as exc:
+                    log.warning("cannot claim requests (%s); trying again", exc)
+            for request in claimed:
+                self.stats.claimed += 1
+                self._spawn(request)
+            if len(claimed) >= min(room, options.claim_batch) > 0:
+                await asyncio.sleep(0)  # more may be waiting: claim again at once
+                continue
+            if self.store.dialect == "postgresql" and (
+                time.monotonic() - last_takeover > TAKEOVER_CHECK or self._suspects
+            ):
+                self._spawn_taken(await self._take_over_dead())
+                last_takeover = time.monotonic()
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(options.poll_interval):
+                    await self._wake.wait()
+
+    def _spawn(self, request: Request) -> None:
+        task = asyncio.create_task(self._process(request), name=f"request {request.id}")
+        self._inflight.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("request task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def _process(self, request: Request) -> None:
+        """Work on one claimed request until it is submitted or ended (or no longer ours).
+
+        A database that fails under it (a restart, a lock held too long: a :class:`StoreError`)
+        does not drop it: the request stays claimed by this live dispatcher, so nobody else
+        would take it; it is worked on again once the database answers, from what the database
+        then says (a create sent before the failure is found in Ganeti by its request id, not
+        sent again)."""
+        backoff = Backoff(*OUTAGE_BACKOFF)
+        while True:
+            try:
+                await self._work_on(request)
+                return
+            except RequestNotHeldError as exc:
+                log.info("request %s: %s", request.id, exc)
+                return
+            except GanetiError as exc:
+                if not self._claiming:
+                    log.warning("request %s: %s; stopping: the next dispatcher takes it up", request.id, exc)
+                    return
+                delay = backoff.next()
+                log.warning("request %s: %s; trying again in %g s", request.id, exc, delay)
+                self._check_since.setdefault(request.id, time.monotonic())
+                await self._pause(delay)
+
+    async def _work_on(self, request: Request) -> None:
+        backoff = Backoff(*PLACEMENT_BACKOFF)
+        while True:
+            fresh = await self.store.get_request(request.id)
+            if fresh is None or fresh.is_final or fresh.claimed_by != self.id:
+                return
+            request = fresh
+            if request.placed:  # before a cancel: the create may be in Ganeti already
+                if await self._recover(request):
+                    return
+                continue  # Ganeti has nothing of it: place it again (or cancel it)
+            if request.cancel_requested:
+                await self._cancel(request)
+                return
+            outcome = await self._place_and_submit(request)
+            if outcome is None:
+                return
+            if not self._claiming:
+                return  # stopping: a placed request is picked up by the next dispatcher
+            self.stats.placement_retries += 1
+            if request.id in self._check_since:
+                # maybe sent: Ganeti is asked (next round) before the request may fail or go elsewhere
+                await self._pause(backoff.next())
+                continue
+            age = time.time() - request.created_at.timestamp()
+            if age > self.settings.dispatcher.placement_timeout:
+                await self._fail(
+                    request,
+                    f"not placed within {self.settings.dispatcher.placement_timeout:g} s: {outcome}",
+                )
+                return
+            await self._pause(backoff.next())
+
+    async def _place_and_submit(self, request: Request) -> str | None:
+        """None when the request is done with (submitted, failed); else why to try again later.
+
+        A :class:`StoreError` (the database down or locked) is raised: :meth:`_process` tries
+        again later; only a real clash (:class:`ConflictError`: the name taken) fails it."""
+        spec = InstanceSpec.model_validate(request.spec)
+        try:
+            reservation = self._reserve(request, spec)
+        except NoCapacityError as exc:
+            return str(exc)
+        name = reservation.name
+        tags = list(
+            dict.fromkeys([*spec.tags, *self.settings.ownership.tags_for_new(), request_tag(request.id)])
+        )
+        submitted = placed_spec(
+            spec.model_copy(update={"tags": tags}), reservation, self.settings.dispatcher.node_placement
+        )
+        try:
+            await self.store.place_request(request.id, self.id, name, expectation(spec, tags))
+        except RequestNotHeldError:
+            self.allocator.release(reservation)
+            raise
+        except ConflictError as exc:  # the name is taken on that backend
+            self.allocator.release(reservation)
+            await self._fail(request, str(exc))
+            return None
+        except StoreError:  # the database could not do it now: never a reason to fail the request
+            self.allocator.release(reservation)
+            raise
+        entry = self._backends.get(name)
+        if entry is None:
+            self.allocator.release(reservation)
+            await self.store.unplace_request(request.id, self.id, error=f"backend {name} was removed")
+            return f"backend {name} was removed"
+        client = await self.client(name)
+        try:
+            async with entry.submit_slots:
+                job_id = await client.create_instance(submitted, request_id=request.id)
+        except CreateOutcomeUnknownError as exc:
+            self._check_since[request.id] = _settled_after(client)
+            self.allocator.release(reservation)
+            metrics.SUBMISSIONS.labels(name, "unknown").inc()
+            log.warning(
+                "request %s on %s: outcome unknown (%s); Ganeti is asked again shortly", request.id, name, exc
+            )
+            return str(exc)
+        except GanetiError as exc:
+            self.allocator.release(reservation)
+            if _not_taken(exc):
+                self._leave_out(name)
+                outcome = "refused" if isinstance(exc, UnavailableError) else "error"
+                metrics.SUBMISSIONS.labels(name, outcome).inc()
+                await self.store.unplace_request(request.id, self.id, error=f"{name}: {exc}")
+                log.info("request %s: %s did not take it (%s); placing it again", request.id, name, exc)
+                return f"{name}: {exc}"
+            if is_transient(exc):
+                # Sent, maybe: the client's own look found nothing, but a slow Ganeti may take it
+                # yet. The request stays placed; _recover asks Ganeti again before it goes elsewhere.
+                self._check_since[request.id] = _settled_after(client)
+                self._leave_out(name)
+                metrics.SUBMISSIONS.labels(name, "unknown").inc()
+                log.warning(
+                    "request %s on %s: no answer (%s); Ganeti is asked again shortly", request.id, name, exc
+                )
+                return f"{name}: {exc}"
+            metrics.SUBMISSIONS.labels(name, "error").inc()
+            await self._fail(request, f"{name} refused the create: {exc}", placed=True)
+            return None
+        self._jobs[(name, job_id)] = reservation
+        self.allocator.submitted(reservation)
+        recorded = await self.store.submitted_request(request.id, job_id, start=spec.start)
+        self.stats.submitted += 1
+        metrics.SUBMISSIONS.labels(name, "ok").inc()
+        metrics.REQUESTS.labels("submitted").inc()
+        if entry.tracker is not None:
+            entry.tracker.track(job_id)
+        log.debug("request %s: %s on %s as job %d", request.id, spec.name, name, job_id)
+        if recorded.cancel_requested:
+            await self._cancel_sent(recorded, client)
+        return None
+
+    def _reserve(self, request: Request, spec: InstanceSpec) -> Reservation:
+        wanted = request.want_backend
+        if wanted is not None and wanted not in self._backends:
+            raise NoCapacityError(
+                Requirement.of(spec), {wanted: "not a backend of this dispatcher's configuration"}
+            )
+        nodes = chooses_nodes(spec, self.settings.dispatcher.node_placement)
+        return self.allocator.place(spec, only=wanted, nodes=nodes)
+
+    def _on_commit(self, info: CommitInfo) -> None:
+        """Job ends the writer stored: the allocator learns, capacity is accounted."""
+        ended = False
+        for backend, summary in info.applied:
+            if not summary.status.is_final:
+                continue
+            reservation = self._jobs.pop((backend, summary.job_id), None)
+            if reservation is None:
+                continue
+            ended = True
+            ok = summary.status is JobStatus.SUCCESS
+            error = next((op.error for op in summary.ops if op.error), None)
+            if not ok and is_capacity_error(error):
+                self.stats.capacity_retries += 1  # the store put the request back to be placed again
+                # its nodes had no room after all (stale stats): none of them until fresh stats
+                self.allocator.node_full(reservation)
+            else:
+                metrics.REQUESTS.labels(_REQUEST_END.get(summary.status, "failed")).inc()
+            seconds = None
+            if summary.end_time is not None and summary.received_time is not None:
+                seconds = max(0.0, summary.end_time - summary.received_time)
+            if seconds is not None:
+                self.allocator.finished(reservation, seconds, ok=ok)
+            elif ok:
+                self.allocator.accounted(reservation)
+            else:
+                self.allocator.release(reservation)
+        if ended:
+            self._wake.set()
+
+
+_REQUEST_END = {JobStatus.SUCCESS: "succeeded", JobStatus.ERROR: "failed", JobStatus.CANCELED: "canceled"}
+
+
+def _not_taken(error: GanetiError) -> bool:
+    """A create this backend certainly did not take: place it elsewhere. A 502/504 and a success
+    answer that is not a job id count (an answer came, and the client looked for the job after
+    it and found none), and so do refused credentials and a TLS failure (no HTTP was spoken):
+    the backend is at fault, not the request."""
+    return (
+        isinstance(error, UnavailableError | AuthenticationError)
+        or is_unsent(error)
+        or (isinstance(error, TransportError) and not error.maybe_sent)
+        or (type(error) is RapiError and (error.status or 0) < 400)
+    )

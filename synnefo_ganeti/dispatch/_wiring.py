@@ -1,0 +1,192 @@
+"""Per-backend wiring of the dispatcher: each backend's client, job follower (a queue
+watcher when its ``queue_dir`` is local, else a :class:`JobTracker`), its place in the
+health monitor and its node stats for placement."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+
+from synnefo_ganeti import metrics
+from synnefo_ganeti.allocate import BackendView
+from synnefo_ganeti.config import BackendSettings
+from synnefo_ganeti.dispatch._base import DispatcherBase, _Backend, _replace
+from synnefo_ganeti.dispatch._tracker import JobTracker
+from synnefo_ganeti.errors import GanetiError
+from synnefo_ganeti.health import HealthChange, HealthMonitor
+from synnefo_ganeti.watch import QueueWatcher
+
+__all__ = ["BackendWiring"]
+
+log = logging.getLogger("synnefo_ganeti.dispatch")
+
+#: the name of the health monitor's root task
+HEALTH_TASK = "dispatch health"
+
+
+class BackendWiring(DispatcherBase):
+    """Backends added and removed (start, reload, stop), health and node stats."""
+
+    # -- backends --------------------------------------------------------------------------------
+
+    async def _add_backend(self, settings: BackendSettings) -> None:
+        name = settings.name
+        client = await self.client(name)
+        entry = _Backend(
+            settings, submit_slots=asyncio.Semaphore(self.settings.dispatcher.submit_concurrency)
+        )
+        queue_dir = settings.queue_dir
+        if queue_dir is not None and await asyncio.to_thread(os.path.isdir, queue_dir):
+            entry.watcher = QueueWatcher(queue_dir, self.store, name)
+            entry.tasks.append(self.supervisor.start(f"watch {name}", entry.watcher.run()))
+        else:
+            if queue_dir is not None:
+                log.warning(
+                    "backend %s: queue_dir %s is not a folder here; following its jobs through RAPI /wait",
+                    name,
+                    queue_dir,
+                )
+            entry.tracker = JobTracker(
+                name, client, self.store, concurrency=self.settings.dispatcher.track_concurrency
+            )
+            entry.tasks.append(self.supervisor.start(f"track {name}", entry.tracker.run()))
+        self._backends[name] = entry
+        self.allocator.update(BackendView(name=name, drained=settings.drained))
+        metrics.BACKEND_UP.labels(name).set(1)
+
+    async def _remove_backend(self, name: str) -> None:
+        entry = self._backends.pop(name, None)
+        if entry is None:
+            return
+        for task in entry.tasks:  # their end is expected now
+            self.supervisor.detach(task)
+        if entry.watcher is not None:
+            entry.watcher.stop()
+        for task in entry.tasks:
+            if entry.watcher is None:
+                task.cancel()
+        results = await asyncio.gather(*entry.tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                log.warning(
+                    "backend %s: %s ended with %r", name, "watcher" if entry.watcher else "tracker", result
+                )
+        self.allocator.forget(name)
+        client = self._clients.pop(name, None)
+        if client is not None and name in self._own_clients:
+            self._own_clients.discard(name)
+            await client.close()
+
+    # -- health ----------------------------------------------------------------------------------
+
+    async def _start_health(self) -> None:
+        """A health monitor over the backends of now (the states known carried over), in a
+        root task that replaces the one before (reload)."""
+        options = self.settings.dispatcher
+        old = self.health
+        clients = {name: await self.client(name) for name in self._backends}
+        self.health = HealthMonitor(
+            clients,
+            interval=options.health_interval,
+            timeout=options.health_timeout,
+            fail_after=options.fail_after,
+            recover_after=options.recover_after,
+            webhook=options.webhook,
+        )
+        if old is not None:
+            for name, state in old.tracker.states.items():
+                if name in clients:
+                    self.health.tracker.states[name] = state
+        self.health.on_change.append(self._health_changed)
+        if self._health_task is not None:
+            self.supervisor.detach(self._health_task)
+            self._health_task.cancel()
+            self._health_task = None
+        if not self.supervisor.stopping:
+            self._health_task = self.supervisor.start(HEALTH_TASK, self._health_loop(self.health))
+
+    async def _health_loop(self, monitor: HealthMonitor) -> None:
+        written: dict[str, bool] = {}
+        while True:
+            started = time.monotonic()
+            await monitor.run_once()
+            for name, state in monitor.tracker.states.items():
+                if written.get(name) != state.up and name in self._backends:
+                    # the first verdict (and any the listener missed) goes to the database too
+                    with contextlib.suppress(GanetiError):
+                        await self.store.set_backend_health(name, state.up, detail=state.last_error)
+                        written[name] = state.up
+            await asyncio.sleep(max(0.0, monitor.interval - (time.monotonic() - started)))
+
+    async def _health_changed(self, change: HealthChange) -> None:
+        name = change.backend
+        metrics.BACKEND_UP.labels(name).set(1 if change.up else 0)
+        if name in self._backends:
+            view = self.allocator.view(name)
+            self.allocator.update(_replace(view, healthy=change.up))
+        message = "health checks pass again" if change.up else f"health checks failed: {change.error}"
+        try:
+            await self.store.set_backend_health(name, change.up, detail=change.error, event=message)
+        except GanetiError as exc:
+            log.warning("backend %s: cannot store its health change (%s)", name, exc)
+        if change.up:
+            self._wake.set()
+
+    # -- readiness -------------------------------------------------------------------------------
+
+    async def _check_running(self) -> str | None:
+        """Every root task runs (none ended unexpectedly)."""
+        return self.supervisor.problem()
+
+    async def _check_database(self) -> str | None:
+        try:
+            await self.store.backends()
+        except GanetiError as exc:
+            return str(exc)
+        return None
+
+    async def _check_backends(self) -> str | None:
+        if not self._backends:
+            return "no backends configured"
+        if self.health is not None and not any(self.health.tracker.is_up(name) for name in self._backends):
+            return "every backend is down"
+        return None
+
+    # -- node stats ------------------------------------------------------------------------------
+
+    async def _refresh_stats(self, names: list[str]) -> None:
+        await asyncio.gather(*(self._refresh_one(name) for name in names if name in self._backends))
+
+    async def _refresh_one(self, name: str) -> None:
+        client = await self.client(name)
+        read_at = time.monotonic()
+        try:
+            nodes, info = await asyncio.gather(client.list_nodes(), client.info())
+        except GanetiError as exc:
+            log.info("backend %s: node stats not refreshed (%s)", name, exc)
+            return
+        if name not in self._backends:
+            return
+        view = self.allocator.view(name)
+        settings = self._backends[name].settings
+        self.allocator.update(
+            _replace(
+                view,
+                nodes=nodes,
+                disk_templates=frozenset(info.enabled_disk_templates or ()),
+                drained=settings.drained,
+                healthy=self.health.tracker.is_up(name) if self.health is not None else True,
+                stats_at=read_at,
+            )
+        )
+
+    async def _stats_loop(self) -> None:
+        interval = self.settings.dispatcher.stats_interval
+        while True:
+            await asyncio.sleep(min(1.0, interval))
+            due = self.allocator.due_for_refresh(interval=interval)
+            if due:
+                await self._refresh_stats(due)

@@ -1,0 +1,186 @@
+"""Backends in the database: their ids (cached), drain marks, health and backend events.
+
+:class:`Backends` keeps the name <-> id map every other repository uses; functions
+taking a ``Connection`` run inside a writer transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import Table, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.expression import Executable
+
+from synnefo_ganeti.store._engine import Database
+from synnefo_ganeti.store._schema import Backend, BackendEvent
+from synnefo_ganeti.store._writer import Writer
+
+__all__ = ["Backends", "add_backend_event", "backend_events_t", "backends_t", "set_health"]
+
+backends_t = cast(Table, Backend.__table__)
+backend_events_t = cast(Table, BackendEvent.__table__)
+
+
+class Backends:
+    """The backends repository, and the name <-> id cache of the store."""
+
+    def __init__(self, db: Database, writer: Writer) -> None:
+        self.db = db
+        self.writer = writer
+        self.ids: dict[str, int] = {}
+        self.names: dict[int, str] = {}
+
+    async def read_names(self, conn: AsyncConnection) -> dict[int, str]:
+        """Every backend's name by id, read again (and cached)."""
+        rows = await conn.execute(select(backends_t.c.id, backends_t.c.name))
+        for row in rows:
+            self.names[row.id] = row.name
+            self.ids[row.name] = row.id
+        return self.names
+
+    async def ensure_many(self, names: Iterable[str]) -> None:
+        """Rows (and cached ids) for every backend of ``names``."""
+        missing = sorted({name for name in names if name not in self.ids})
+        if not missing:
+            return
+        async with self.db.engine.connect() as conn:
+            # a write transaction from the start: on SQLite a read one that then writes fails at
+            # once ("database is locked", no busy wait) if another writer committed in between
+            conn = await self.db.begin_write(conn)
+            rows = await conn.execute(
+                select(backends_t.c.id, backends_t.c.name).where(backends_t.c.name.in_(missing))
+            )
+            found = {row.name: row.id for row in rows}
+            now = datetime.now(UTC)
+            for name in missing:
+                if name not in found:
+                    statement: Executable
+                    if self.db.dialect == "postgresql":
+                        statement = pg_insert(backends_t).on_conflict_do_nothing(index_elements=["name"])
+                    else:
+                        statement = sqlite_insert(backends_t).on_conflict_do_nothing(index_elements=["name"])
+                    await conn.execute(statement, {"name": name, "created_at": now})
+            rows = await conn.execute(
+                select(backends_t.c.id, backends_t.c.name).where(backends_t.c.name.in_(missing))
+            )
+            for row in rows:
+                self.ids[row.name] = row.id
+                self.names[row.id] = row.name
+            await conn.commit()
+
+    async def ensure(self, name: str) -> int:
+        """The id of backend ``name``, creating its row if needed."""
+        try:
+            await self.ensure_many([name])
+        except DBAPIError as exc:
+            if self.db.is_locked(exc):  # a SQLite file another process keeps locked: say so
+                raise self.db.locked_error(self.db.busy_timeout) from None
+            raise
+        return self.ids[name]
+
+    async def id_of(self, name: str) -> int | None:
+        """The id of backend ``name``; None when the database has no such backend."""
+        if name in self.ids:
+            return self.ids[name]
+        await self.db.read(self.read_names)
+        return self.ids.get(name)
+
+    async def all_names(self) -> list[str]:
+        async def run(conn: AsyncConnection) -> list[str]:
+            return sorted((await self.read_names(conn)).values())
+
+        return await self.db.read(run)
+
+    # -- drain and health ----------------------------------------------------------------------------
+
+    async def set_drained(self, name: str, drained: bool) -> bool:
+        backend_id = await self.ensure(name)
+
+        def run(conn: Connection) -> bool:
+            row = conn.execute(select(backends_t.c.drained).where(backends_t.c.id == backend_id)).one()
+            if bool(row.drained) == drained:
+                return False
+            conn.execute(
+                update(backends_t)
+                .where(backends_t.c.id == backend_id)
+                .values(drained=drained, drained_at=datetime.now(UTC) if drained else None)
+            )
+            return True
+
+        return await self.writer.call(run)
+
+    async def drained(self) -> set[str]:
+        async def run(conn: AsyncConnection) -> set[str]:
+            rows = await conn.execute(select(backends_t.c.name).where(backends_t.c.drained))
+            return {row.name for row in rows}
+
+        return await self.db.read(run)
+
+    async def set_health(self, name: str, up: bool, *, detail: str | None, event: str | None) -> None:
+        backend_id = await self.ensure(name)
+        await self.writer.call(lambda conn: set_health(conn, backend_id, up, detail, event=event))
+
+    async def add_event(self, name: str, kind: str, message: str) -> None:
+        backend_id = await self.ensure(name)
+        await self.writer.call(lambda conn: add_backend_event(conn, backend_id, kind, message))
+
+    async def states(self) -> dict[str, dict[str, Any]]:
+        async def run(conn: AsyncConnection) -> dict[str, dict[str, Any]]:
+            rows = await conn.execute(
+                select(
+                    backends_t.c.name,
+                    backends_t.c.drained,
+                    backends_t.c.drained_at,
+                    backends_t.c.health,
+                    backends_t.c.health_at,
+                    backends_t.c.health_detail,
+                )
+            )
+            return {row.name: {k: v for k, v in row._mapping.items() if k != "name"} for row in rows}
+
+        return await self.db.read(run)
+
+    async def events(self, *, backend: str | None, limit: int) -> list[dict[str, Any]]:
+        async def run(conn: AsyncConnection) -> list[dict[str, Any]]:
+            query = (
+                select(
+                    backends_t.c.name.label("backend"),
+                    backend_events_t.c.kind,
+                    backend_events_t.c.message,
+                    backend_events_t.c.at,
+                )
+                .join(backends_t, backends_t.c.id == backend_events_t.c.backend_id)
+                .order_by(backend_events_t.c.id.desc())
+                .limit(limit)
+            )
+            if backend is not None:
+                query = query.where(backends_t.c.name == backend)
+            return [dict(row._mapping) for row in await conn.execute(query)]
+
+        return await self.db.read(run)
+
+
+def add_backend_event(conn: Connection, backend_id: int, kind: str, message: str) -> None:
+    conn.execute(
+        insert(backend_events_t).values(
+            backend_id=backend_id, kind=kind, message=message, at=datetime.now(UTC)
+        )
+    )
+
+
+def set_health(conn: Connection, backend_id: int, up: bool, detail: str | None, *, event: str | None) -> None:
+    now = datetime.now(UTC)
+    conn.execute(
+        update(backends_t)
+        .where(backends_t.c.id == backend_id)
+        .values(health="up" if up else "down", health_at=now, health_detail=detail)
+    )
+    if event is not None:
+        add_backend_event(conn, backend_id, "up" if up else "down", event)

@@ -1,0 +1,174 @@
+"""The instances repository: instance rows and the jobs recorded against them.
+
+Writes run in the writer's transactions (:meth:`Writer.call`); the row-level work is
+in :mod:`synnefo_ganeti.store._instances`. An instance the database lacks is a
+:class:`NotFoundError`, a name already taken a :class:`ConflictError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from synnefo_ganeti.errors import InvalidError
+from synnefo_ganeti.jobs import JobStatus
+from synnefo_ganeti.store import _settle
+from synnefo_ganeti.store._backends import Backends, backends_t
+from synnefo_ganeti.store._engine import Database
+from synnefo_ganeti.store._instances import (
+    InstanceAction,
+    InstanceStatus,
+    StoredInstance,
+    add_instance_row,
+    get_instance_row,
+    instance_jobs_t,
+    instances_t,
+    record_job,
+)
+from synnefo_ganeti.store._requests import RequestStatus
+from synnefo_ganeti.store._writer import Writer
+
+__all__ = ["Instances"]
+
+_UPDATABLE = frozenset(
+    {"status", "owned", "os", "disk_template", "beparams", "nics", "disks", "tags", "state_time"}
+)
+
+
+class Instances:
+    def __init__(self, db: Database, backends: Backends, writer: Writer) -> None:
+        self.db = db
+        self.backends = backends
+        self.writer = writer
+
+    async def add(self, backend: str, name: str, values: dict[str, Any]) -> StoredInstance:
+        backend_id = await self.backends.ensure(backend)
+        return await self.writer.call(lambda conn: add_instance_row(conn, backend_id, backend, name, values))
+
+    async def record_job(
+        self,
+        backend: str,
+        name: str,
+        job_id: int,
+        action: InstanceAction,
+        *,
+        start: bool | None,
+        params: dict[str, Any] | None,
+    ) -> StoredInstance:
+        backend_id = await self.backends.ensure(backend)
+        return await self.writer.call(
+            lambda conn: record_job(conn, backend_id, backend, name, job_id, action, start, params)
+        )
+
+    async def update(self, backend: str, name: str, values: dict[str, Any]) -> StoredInstance:
+        unknown = set(values) - _UPDATABLE
+        if unknown:
+            raise InvalidError(
+                f"not instance fields: {', '.join(sorted(unknown))}; use {', '.join(sorted(_UPDATABLE))}"
+            )
+        if "status" in values:
+            values["status"] = InstanceStatus(values["status"]).value
+        backend_id = await self.backends.ensure(backend)
+
+        def run(conn: Connection) -> StoredInstance:
+            instance = get_instance_row(conn, backend_id, backend, name)
+            conn.execute(
+                update(instances_t)
+                .where(instances_t.c.id == instance.id)
+                .values(**values, updated_at=datetime.now(UTC))
+            )
+            new_status = values.get("status")
+            if instance.status is InstanceStatus.BUILD and new_status and instance.create_job_id is not None:
+                _settle.settle_by_instance(conn, backend_id, instance.create_job_id, new_status)
+            return get_instance_row(conn, backend_id, backend, name)
+
+        return await self.writer.call(run)
+
+    async def list_instances(
+        self,
+        *,
+        backend: str | None = None,
+        name: str | None = None,
+        status: Iterable[InstanceStatus | str] | None = None,
+    ) -> list[StoredInstance]:
+        async def run(conn: AsyncConnection) -> list[StoredInstance]:
+            query = (
+                select(instances_t, backends_t.c.name.label("backend"))
+                .join(backends_t, backends_t.c.id == instances_t.c.backend_id)
+                .order_by(backends_t.c.name, instances_t.c.name)
+            )
+            if backend is not None:
+                query = query.where(backends_t.c.name == backend)
+            if name is not None:
+                query = query.where(instances_t.c.name == name)
+            if status is not None:
+                query = query.where(instances_t.c.status.in_([InstanceStatus(s).value for s in status]))
+            return [StoredInstance.from_row(row, row.backend) for row in await conn.execute(query)]
+
+        return await self.db.read(run)
+
+    async def jobs_of(self, backend: str, name: str) -> list[dict[str, Any]]:
+        async def run(conn: AsyncConnection) -> list[dict[str, Any]]:
+            query = (
+                select(instance_jobs_t)
+                .join(instances_t, instances_t.c.id == instance_jobs_t.c.instance_id)
+                .join(backends_t, backends_t.c.id == instances_t.c.backend_id)
+                .where(backends_t.c.name == backend, instances_t.c.name == name)
+                .order_by(instance_jobs_t.c.job_id)
+            )
+            return [dict(row._mapping) for row in await conn.execute(query)]
+
+        return await self.db.read(run)
+
+    async def unapplied_jobs(self, backend: str) -> list[int]:
+        backend_id = await self.backends.id_of(backend)
+        if backend_id is None:
+            return []
+
+        async def run(conn: AsyncConnection) -> list[int]:
+            rows = await conn.execute(
+                select(instance_jobs_t.c.job_id)
+                .where(instance_jobs_t.c.backend_id == backend_id, instance_jobs_t.c.applied_at.is_(None))
+                .order_by(instance_jobs_t.c.job_id)
+            )
+            return [int(row.job_id) for row in rows]
+
+        return await self.db.read(run)
+
+    async def destroy_unbuilt(
+        self, backend: str, name: str, job_id: int, result: JobStatus, *, error: str | None
+    ) -> StoredInstance:
+        if result is JobStatus.SUCCESS or not result.is_final:
+            raise InvalidError(f"only a create that ended without success leaves nothing built, not {result}")
+        backend_id = await self.backends.ensure(backend)
+        if result is JobStatus.CANCELED:
+            status, why = RequestStatus.CANCELED, f"job {job_id} was canceled"
+        else:
+            status, why = RequestStatus.FAILED, error or f"job {job_id} ended in {result.value}"
+
+        def run(conn: Connection) -> StoredInstance:
+            instance = get_instance_row(conn, backend_id, backend, name)
+            now = datetime.now(UTC)
+            conn.execute(
+                update(instances_t)
+                .where(instances_t.c.id == instance.id)
+                .values(status=InstanceStatus.DESTROYED.value, updated_at=now)
+            )
+            conn.execute(
+                update(instance_jobs_t)
+                .where(
+                    instance_jobs_t.c.backend_id == backend_id,
+                    instance_jobs_t.c.job_id == job_id,
+                    instance_jobs_t.c.applied_at.is_(None),
+                )
+                .values(applied_at=now, result=result.value)
+            )
+            _settle.settle_job(conn, backend_id, job_id, status, why)
+            return get_instance_row(conn, backend_id, backend, name)
+
+        return await self.writer.call(run)

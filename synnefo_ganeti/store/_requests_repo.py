@@ -1,0 +1,184 @@
+"""The requests repository: durable create requests, each step one writer transaction.
+
+The row-level steps are in :mod:`synnefo_ganeti.store._requests`; the steps that also
+touch the request's instance row (place, submitted, finish) are put together here. An
+unknown request is a :class:`NotFoundError`; a request no longer held by the caller a
+:class:`RequestNotHeldError`; an instance name taken a :class:`ConflictError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Connection
+
+from synnefo_ganeti.errors import ConflictError
+from synnefo_ganeti.store import _requests
+from synnefo_ganeti.store._backends import Backends, backends_t
+from synnefo_ganeti.store._engine import Database
+from synnefo_ganeti.store._instances import (
+    InstanceAction,
+    InstanceStatus,
+    add_instance_row,
+    instances_t,
+    record_job,
+)
+from synnefo_ganeti.store._requests import Request, RequestStatus
+from synnefo_ganeti.store._writer import Writer
+
+__all__ = ["Requests"]
+
+
+class Requests:
+    def __init__(self, db: Database, backends: Backends, writer: Writer) -> None:
+        self.db = db
+        self.backends = backends
+        self.writer = writer
+
+    async def add(
+        self, spec: dict[str, Any], *, name: str, backend: str | None, request_id: str | None
+    ) -> tuple[Request, bool]:
+        rid = request_id or _requests.new_request_id()
+        return await self.writer.call(
+            lambda conn: _requests.add(conn, request_id=rid, name=name, spec=spec, want_backend=backend)
+        )
+
+    async def get(self, request_id: str) -> Request | None:
+        return await self.db.call_read(lambda conn: _requests.get(conn, request_id))
+
+    async def list_requests(
+        self,
+        *,
+        status: Iterable[RequestStatus | str] | None,
+        backend: str | None,
+        limit: int | None,
+        newest_first: bool,
+    ) -> list[Request]:
+        statuses = [RequestStatus(s) for s in status] if status is not None else None
+        backend_id = None
+        if backend is not None:
+            backend_id = await self.backends.id_of(backend)
+            if backend_id is None:
+                return []
+        return await self.db.call_read(
+            lambda conn: _requests.list_requests(
+                conn, statuses=statuses, backend_id=backend_id, limit=limit, newest_first=newest_first
+            )
+        )
+
+    async def counts(
+        self, *, status: Iterable[RequestStatus | str] | None
+    ) -> dict[tuple[str | None, str], int]:
+        statuses = [RequestStatus(s) for s in status] if status is not None else None
+        return await self.db.call_read(lambda conn: _requests.counts(conn, statuses))
+
+    async def claim(self, dispatcher: str, limit: int) -> list[Request]:
+        skip_locked = self.db.dialect == "postgresql"
+        return await self.writer.call(
+            lambda conn: _requests.claim(conn, dispatcher, limit, skip_locked=skip_locked), exclusive=False
+        )
+
+    async def claimants(self, *, exclude: str) -> set[str]:
+        return await self.db.call_read(lambda conn: _requests.claimants(conn, exclude))
+
+    async def take_over(self, old: str, new: str) -> list[Request]:
+        return await self.writer.call(lambda conn: _requests.take_over(conn, old, new), exclusive=False)
+
+    async def release(self, dispatcher: str) -> int:
+        return await self.writer.call(lambda conn: _requests.release(conn, dispatcher), exclusive=False)
+
+    async def place(
+        self, request_id: str, dispatcher: str, backend: str, instance: dict[str, Any]
+    ) -> Request:
+        backend_id = await self.backends.ensure(backend)
+
+        def run(conn: Connection) -> Request:
+            placed_before = _requests.must_get(conn, request_id).backend == backend
+            request = _requests.place(conn, request_id, dispatcher, backend_id)
+            existing = conn.execute(
+                select(instances_t.c.status, instances_t.c.create_job_id).where(
+                    instances_t.c.backend_id == backend_id, instances_t.c.name == request.instance
+                )
+            ).first()
+            # a retry of this request's own earlier attempt finds its BUILD row: keep it; a BUILD
+            # row of anyone else's (another request, a create of the facade's) is refused
+            if (
+                not placed_before
+                or existing is None
+                or existing.status != InstanceStatus.BUILD
+                or existing.create_job_id is not None
+            ):
+                values = {"status": InstanceStatus.BUILD.value, "owned": True, **instance}
+                add_instance_row(conn, backend_id, backend, request.instance, values)
+            return request
+
+        return await self.writer.call(run)
+
+    async def unplace(self, request_id: str, dispatcher: str, *, error: str | None) -> Request:
+        return await self.writer.call(
+            lambda conn: _requests.unplace(conn, request_id, dispatcher, error=error)
+        )
+
+    async def submitted(self, request_id: str, job_id: int, *, start: bool | None) -> Request:
+        cached = self.backends.ids
+
+        def run(conn: Connection) -> Request:
+            request = _requests.must_get(conn, request_id)
+            if request.backend is None:
+                raise ConflictError(f"request {request_id} has no backend: place it before recording its job")
+            backend_id = (
+                cached.get(request.backend)
+                or conn.execute(
+                    select(backends_t.c.id).where(backends_t.c.name == request.backend)
+                ).scalar_one()
+            )
+            _requests.mark_submitted(conn, request_id, job_id)
+            record_job(
+                conn,
+                backend_id,
+                request.backend,
+                request.instance,
+                job_id,
+                InstanceAction.CREATE,
+                start,
+                None,
+            )
+            return _requests.must_get(conn, request_id)
+
+        return await self.writer.call(run)
+
+    async def finish(
+        self,
+        request_id: str,
+        final: RequestStatus,
+        *,
+        error: str | None,
+        dispatcher: str | None,
+        instance_status: InstanceStatus | None,
+    ) -> Request:
+        def run(conn: Connection) -> Request:
+            request = _requests.must_get(conn, request_id)
+            # a final request's name may have started a new life on its backend: leave that alone
+            if request.backend is not None and instance_status is not None and not request.is_final:
+                backend_id = conn.execute(
+                    select(backends_t.c.id).where(backends_t.c.name == request.backend)
+                ).scalar_one()
+                conn.execute(
+                    update(instances_t)
+                    .where(
+                        instances_t.c.backend_id == backend_id,
+                        instances_t.c.name == request.instance,
+                        instances_t.c.status == InstanceStatus.BUILD.value,
+                        instances_t.c.create_job_id.is_(None),
+                    )
+                    .values(status=instance_status.value, updated_at=datetime.now(UTC))
+                )
+            return _requests.finish(conn, request_id, final, error=error, dispatcher=dispatcher)
+
+        return await self.writer.call(run)
+
+    async def cancel(self, request_id: str) -> tuple[Request, bool]:
+        return await self.writer.call(lambda conn: _requests.request_cancel(conn, request_id))

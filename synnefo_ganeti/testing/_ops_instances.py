@@ -1,0 +1,179 @@
+"""The instance opcodes but create (:mod:`._ops_create`): remove, start, stop, reboot, modify, multi-allocate.
+
+Each locks what its LU's ``ExpandNames``/``DeclareLocks`` ask for (``_ExpandAndLockInstance``:
+the instance, exclusively; ``_LockInstancesNodes``: its nodes, the fake's instances having
+a primary node only):
+
+* remove (``LUInstanceRemove``): the instance, node and node-res locks of its nodes;
+* startup (``LUInstanceStartup``): the instance, the node-res lock of its primary node;
+* shutdown, reboot (``LUInstanceShutdown``, ``LUInstanceReboot``): the instance only;
+* set-params (``LUInstanceSetParams``): the instance, its nodes' node locks, and their
+  node-res locks only for a disk template change;
+* multi-allocate (``LUInstanceMultiAlloc``): node and node-res locks shared (``ShareAll``):
+  all of them with an iallocator, else the instances' ``pnode``/``snode``.
+
+What each writes, fails with and when, is Ganeti 3.0's (see tests/fixtures/ganeti-3.0-queue
+and tests/unit/test_fake_fidelity.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from synnefo_ganeti.testing import _opcodes
+from synnefo_ganeti.testing._cluster import OpFailure, parse_size
+from synnefo_ganeti.testing._locks import ALL
+from synnefo_ganeti.testing._placement import check_room, choose_node
+from synnefo_ganeti.testing._registry import Needs, opcode
+
+if TYPE_CHECKING:
+    from synnefo_ganeti.testing._engine import FakeCluster
+    from synnefo_ganeti.testing._jobs import FakeJob, FakeOp
+
+__all__: list[str] = []
+
+
+def _nodes(cluster: FakeCluster, op: FakeOp) -> list[str]:
+    """``_LockInstancesNodes``: the nodes of the op's instance (none if it is unknown)."""
+    inst = cluster.instances.get(str(op.luxid.get("instance_name")))
+    return [inst.pnode] if inst is not None else []
+
+
+def _instance_only(cluster: FakeCluster, op: FakeOp) -> Needs:
+    """``_ExpandAndLockInstance``: LUInstanceShutdown, LUInstanceReboot."""
+    return Needs(instance=str(op.luxid.get("instance_name")))
+
+
+def _remove_locks(cluster: FakeCluster, op: FakeOp) -> Needs:
+    """``LUInstanceRemove.ExpandNames``/``DeclareLocks``: node and node-res locks of its nodes."""
+    nodes = _nodes(cluster, op)
+    return Needs(instance=str(op.luxid.get("instance_name")), node=nodes, node_res=list(nodes))
+
+
+def _startup_locks(cluster: FakeCluster, op: FakeOp) -> Needs:
+    """``LUInstanceStartup.DeclareLocks``: the node-res lock of its primary node, no node lock."""
+    return Needs(instance=str(op.luxid.get("instance_name")), node_res=_nodes(cluster, op))
+
+
+def _set_params_locks(cluster: FakeCluster, op: FakeOp) -> Needs:
+    """``LUInstanceSetParams.DeclareLocks``: its nodes; node-res only for a disk template change."""
+    nodes = _nodes(cluster, op)
+    node_res = list(nodes) if op.luxid.get("disk_template") else None
+    return Needs(instance=str(op.luxid.get("instance_name")), node=nodes, node_res=node_res)
+
+
+def _multi_alloc_locks(cluster: FakeCluster, op: FakeOp) -> Needs:
+    """``LUInstanceMultiAlloc.ExpandNames``: shared; all nodes with an iallocator, else the named ones."""
+    instances = [dict(item) for item in op.luxid.get("instances") or []]
+    if op.luxid.get("iallocator") or any(not item.get("pnode") for item in instances):
+        return Needs(node=ALL, node_res=ALL, shared=True)
+    nodes = [str(n) for item in instances for n in (item.get("pnode"), item.get("snode")) if n]
+    return Needs(node=nodes, node_res=list(nodes), shared=True)
+
+
+@opcode("OP_INSTANCE_REMOVE", locks=_remove_locks)
+async def instance_remove(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    inst = cluster.op_instance(op)
+    cluster.start_running(job, op, instance_uuid=inst.uuid)
+    await cluster.work(job, op, [], cluster.op_time(op))
+    if not op.luxid.get("dry_run"):
+        cluster.instances.pop(inst.name, None)
+
+
+@opcode("OP_INSTANCE_SHUTDOWN", locks=_instance_only)
+async def instance_shutdown(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    inst = cluster.op_instance(op)
+    cluster.start_running(job, op, instance_uuid=inst.uuid)
+    await cluster.work(job, op, [], cluster.op_time(op))
+    if not op.luxid.get("dry_run"):
+        inst.oper_state = False
+        if not op.luxid.get("no_remember"):
+            inst.admin_state = "down"
+        inst.touch()
+
+
+@opcode("OP_INSTANCE_STARTUP", locks=_startup_locks)
+async def instance_startup(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    inst = cluster.op_instance(op)
+    node = cluster.nodes[inst.pnode]
+    if not inst.oper_state:
+        check_room(cluster, node, inst.memory, [], "diskless", inst.name)
+    cluster.start_running(job, op, instance_uuid=inst.uuid)
+    await cluster.work(job, op, [], cluster.op_time(op))
+    if not op.luxid.get("dry_run"):
+        inst.oper_state = True
+        inst.admin_state = "up"
+        inst.touch()
+
+
+@opcode("OP_INSTANCE_REBOOT", locks=_instance_only)
+async def instance_reboot(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    inst = cluster.op_instance(op)
+    if inst.admin_state != "up":
+        raise OpFailure(
+            "OpPrereqError", f"Instance {inst.name} is marked to be down, cannot reboot", "wrong_state"
+        )
+    cluster.start_running(job, op, instance_uuid=inst.uuid)
+    await cluster.work(job, op, [], cluster.op_time(op))
+    if not op.luxid.get("dry_run"):
+        inst.oper_state = True
+
+
+@opcode("OP_INSTANCE_SET_PARAMS", locks=_set_params_locks)
+async def instance_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    inst = cluster.op_instance(op)
+    p = op.luxid
+    beparams = dict(p.get("beparams") or {})
+    if not any(p.get(key) for key in ("beparams", "hvparams", "nics", "disks", "osparams", "os_name")):
+        raise OpFailure("OpPrereqError", "No changes submitted", "wrong_input")
+    cluster.start_running(job, op, instance_uuid=inst.uuid)
+    changes: list[list[Any]] = []
+    if "memory" in beparams:
+        memory = beparams.pop("memory")
+        beparams.setdefault("maxmem", memory)
+        beparams.setdefault("minmem", memory)
+    for key, value in beparams.items():
+        if key in ("maxmem", "minmem"):
+            value = parse_size(key, value)
+        elif key == "vcpus" and (not isinstance(value, int) or isinstance(value, bool)):
+            raise OpFailure(
+                "TypeEnforcementError", f"'vcpus' (value {value}) is not a valid int", prereq=False
+            )
+        beparams[key] = value
+        changes.append([f"be/{key}", value])
+    changes += [[f"hv/{key}", value] for key, value in (p.get("hvparams") or {}).items()]
+    await cluster.work(job, op, [], cluster.op_time(op))
+    if not p.get("dry_run"):
+        inst.beparams.update(beparams)
+        inst.beparams["memory"] = inst.beparams.get("maxmem", inst.memory)
+        inst.custom_beparams.update(beparams)
+        inst.hvparams.update(p.get("hvparams") or {})
+        inst.touch()
+    op.result = changes
+
+
+@opcode("OP_INSTANCE_MULTI_ALLOC", locks=_multi_alloc_locks)
+async def instance_multi_alloc(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    children: list[dict[str, Any]] = []
+    resolved_children: list[dict[str, Any]] = []
+    for body in op.luxid.get("instances") or []:
+        params = dict(body) | {"comment": "Submitted by OP_INSTANCE_MULTI_ALLOC"}
+        children.append(params)
+        node = choose_node(cluster, params, str(params.get("instance_name")))
+        child = _opcodes.luxid_input("OP_INSTANCE_CREATE", params, op.luxid["reason"], dry_run=False)
+        resolved = _opcodes.resolved_input(
+            child,
+            {"pnode": node.name, "pnode_uuid": node.uuid, "hypervisor": params.get("hypervisor") or cluster.hypervisor,
+             "helper_startup_timeout": None, "helper_shutdown_timeout": None},
+        )  # fmt: skip
+        resolved_children.append(resolved | {"dry_run": None})
+    cluster.start_running(job, op, instances=resolved_children, iallocator=op.luxid.get("iallocator"))
+    await cluster.work(job, op, [], cluster.op_time(op))
+    dry_run = bool(op.luxid.get("dry_run"))
+    ids = [cluster.submit([("OP_INSTANCE_CREATE", child)], resource="instances_multi_alloc", dry_run=dry_run)
+           for child in children]  # fmt: skip
+    op.result = {
+        "allocatable": [str(child.get("instance_name")) for child in children],
+        "failed": [],
+        "jobs": [[True, job_id] for job_id in ids],
+    }
