@@ -54,6 +54,7 @@ import gc
 import logging
 
 from synnefo_ganeti import metrics
+from synnefo_ganeti._where import where
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.daemon import StatusServer
 from synnefo_ganeti.dispatch._base import DispatcherStats, _replace
@@ -212,14 +213,22 @@ class Dispatcher(Submitter):
                 self.supervisor.detach(task)
         await self.supervisor.stop(max(deadline - loop.time(), min(1.0, timeout)))
         self._health_task = None
-        try:  # what is left of shutdown_timeout (a slow database must not hold the exit)
-            await asyncio.wait_for(self._stop_backends_and_give_back(), max(deadline - loop.time(), 0.5))
-        except TimeoutError:
+        # what is left of shutdown_timeout (a slow database must not hold the exit)
+        tail = asyncio.create_task(self._stop_backends_and_give_back(), name="dispatch stopping")
+        done, _ = await asyncio.wait([tail], timeout=max(deadline - loop.time(), 0.5))
+        if not done:
             log.warning(
                 "stopping took longer than shutdown_timeout (%g s): the backends' followers and the "
-                "claims not given back yet were cut off; a dispatcher taking over gets the claims",
+                "claims not given back yet were cut off (it was at %s); a dispatcher taking over "
+                "gets the claims",
                 timeout,
+                where(tail),
             )
+            tail.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await tail
+        else:
+            tail.result()
         if self._store is not None:
             with contextlib.suppress(ValueError):
                 self.store.on_commit.remove(self._on_commit)

@@ -6,6 +6,7 @@ taking a ``Connection`` run inside a writer transaction.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -14,9 +15,7 @@ from sqlalchemy import Table, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql.expression import Executable
 
 from synnefo_ganeti.store._engine import Database
 from synnefo_ganeti.store._schema import Backend, BackendEvent
@@ -45,44 +44,27 @@ class Backends:
             self.ids[row.name] = row.id
         return self.names
 
-    async def ensure_many(self, names: Iterable[str]) -> None:
-        """Rows (and cached ids) for every backend of ``names``."""
+    async def ensure_many(self, names: Iterable[str], *, in_writer: bool = False) -> None:
+        """Rows (and cached ids) for every backend of ``names``.
+
+        The rows are written by the writer: on a SQLite file in its thread, which ends the
+        transaction even when the caller is cancelled meanwhile. (Written on a connection of
+        the async engine, a caller cancelled between its INSERT and its COMMIT left the write
+        transaction open, and SQLite's write lock held, until the connection was collected:
+        every other write waited.) ``in_writer``: the writer task itself asks (its batches).
+        """
         missing = sorted({name for name in names if name not in self.ids})
         if not missing:
             return
-        async with self.db.engine.connect() as conn:
-            # a write transaction from the start: on SQLite a read one that then writes fails at
-            # once ("database is locked", no busy wait) if another writer committed in between
-            conn = await self.db.begin_write(conn)
-            rows = await conn.execute(
-                select(backends_t.c.id, backends_t.c.name).where(backends_t.c.name.in_(missing))
-            )
-            found = {row.name: row.id for row in rows}
-            now = datetime.now(UTC)
-            for name in missing:
-                if name not in found:
-                    statement: Executable
-                    if self.db.dialect == "postgresql":
-                        statement = pg_insert(backends_t).on_conflict_do_nothing(index_elements=["name"])
-                    else:
-                        statement = sqlite_insert(backends_t).on_conflict_do_nothing(index_elements=["name"])
-                    await conn.execute(statement, {"name": name, "created_at": now})
-            rows = await conn.execute(
-                select(backends_t.c.id, backends_t.c.name).where(backends_t.c.name.in_(missing))
-            )
-            for row in rows:
-                self.ids[row.name] = row.id
-                self.names[row.id] = row.name
-            await conn.commit()
+        add = functools.partial(_add_backends, names=missing, dialect=self.db.dialect)
+        found = await (self.db.run_transaction(add) if in_writer else self.writer.call(add))
+        for name, backend_id in found.items():
+            self.ids[name] = backend_id
+            self.names[backend_id] = name
 
     async def ensure(self, name: str) -> int:
         """The id of backend ``name``, creating its row if needed."""
-        try:
-            await self.ensure_many([name])
-        except DBAPIError as exc:
-            if self.db.is_locked(exc):  # a SQLite file another process keeps locked: say so
-                raise self.db.locked_error(self.db.busy_timeout) from None
-            raise
+        await self.ensure_many([name])
         return self.ids[name]
 
     async def id_of(self, name: str) -> int | None:
@@ -173,6 +155,18 @@ def add_backend_event(conn: Connection, backend_id: int, kind: str, message: str
             backend_id=backend_id, kind=kind, message=message, at=datetime.now(UTC)
         )
     )
+
+
+def _add_backends(conn: Connection, *, names: list[str], dialect: str) -> dict[str, int]:
+    """Inside a write transaction: a row for each of ``names`` that has none; every one's id."""
+    add = pg_insert if dialect == "postgresql" else sqlite_insert
+    now = datetime.now(UTC)
+    conn.execute(
+        add(backends_t).on_conflict_do_nothing(index_elements=["name"]),
+        [{"name": name, "created_at": now} for name in names],
+    )
+    rows = conn.execute(select(backends_t.c.id, backends_t.c.name).where(backends_t.c.name.in_(names)))
+    return {row.name: row.id for row in rows}
 
 
 def set_health(conn: Connection, backend_id: int, up: bool, detail: str | None, *, event: str | None) -> None:

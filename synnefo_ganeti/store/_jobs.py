@@ -16,7 +16,6 @@ from typing import Any, cast
 
 from sqlalchemy import Row, Table, and_, bindparam, delete, exists, func, insert, select, text, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synnefo_ganeti._serial import from_timestamp
@@ -48,7 +47,7 @@ class Jobs:
 
     async def write_batch(self, batch: list[JobVersion]) -> BatchResult:
         """Apply ``batch`` in one write transaction (the writer's ``write_batch``)."""
-        await self.backends.ensure_many(version.backend for version in batch)
+        await self.backends.ensure_many((version.backend for version in batch), in_writer=True)
         apply = functools.partial(
             apply_versions, batch=batch, backends=self.backends, notify=self.db.dialect == "postgresql"
         )
@@ -109,29 +108,26 @@ class Jobs:
         if older_than < timedelta(0):
             raise InvalidError(f"older_than must not be negative (got {older_than}); give a duration to keep")
         cutoff = datetime.now(UTC) - older_than
-        try:
-            async with self.db.engine.connect() as conn:
-                conn = await self.db.begin_write(conn)
-                ended = and_(
-                    jobs_t.c.status.in_(_FINAL), jobs_t.c.ended_at < cutoff, jobs_t.c.updated_at < cutoff
+
+        def run(conn: Connection) -> PruneResult:
+            ended = and_(
+                jobs_t.c.status.in_(_FINAL), jobs_t.c.ended_at < cutoff, jobs_t.c.updated_at < cutoff
+            )
+            job_count = len(conn.execute(select(jobs_t.c.backend_id, jobs_t.c.job_id).where(ended)).all())
+            events_of_old = conn.execute(
+                delete(events_t).where(
+                    exists()
+                    .where(jobs_t.c.backend_id == events_t.c.backend_id)
+                    .where(jobs_t.c.job_id == events_t.c.job_id)
+                    .where(jobs_t.c.status.in_(_FINAL), events_t.c.stored_at < cutoff)
                 )
-                old_jobs = select(jobs_t.c.backend_id, jobs_t.c.job_id).where(ended)
-                job_count = len((await conn.execute(old_jobs)).all())
-                events_of_old = (
-                    await conn.execute(
-                        delete(events_t).where(
-                            exists()
-                            .where(jobs_t.c.backend_id == events_t.c.backend_id)
-                            .where(jobs_t.c.job_id == events_t.c.job_id)
-                            .where(jobs_t.c.status.in_(_FINAL), events_t.c.stored_at < cutoff)
-                        )
-                    )
-                ).rowcount
-                await conn.execute(delete(jobs_t).where(ended))
-                await conn.commit()
-        except (DBAPIError, OSError) as exc:
-            raise self.db.error("cannot prune", exc) from None
-        return PruneResult(events=int(events_of_old or 0), jobs=job_count)
+            ).rowcount
+            conn.execute(delete(jobs_t).where(ended))
+            return PruneResult(events=int(events_of_old or 0), jobs=job_count)
+
+        # by the writer (in its thread on a SQLite file: a cancelled caller cannot leave the
+        # write transaction open on a connection of the async engine, holding the write lock)
+        return await self.backends.writer.call(run)
 
 
 def apply_versions(

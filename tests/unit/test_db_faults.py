@@ -12,12 +12,18 @@ disturbing the shared cluster at 127.0.0.1:5432 that other tests use meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy
 
 from synnefo_ganeti import ControlPlane, InstanceSpec
 from synnefo_ganeti.config import Settings
@@ -198,7 +204,7 @@ async def test_a_call_on_a_locked_sqlite_file_fails_then_works_once_released(tmp
                 await asyncio.wait_for(store.add_backend_event("f1", "note", "while locked"), 60)
             assert str(path) in str(info.value)
             assert store.stats.retries >= 1
-            # a backend the store has not seen yet: its row is written outside the writer, same error
+            # a backend the store has not seen yet: its row is written first (by the writer too), same error
             with pytest.raises(StoreError, match="is locked by another process"):
                 await asyncio.wait_for(store.add_backend_event("f2", "note", "while locked"), 60)
         finally:
@@ -230,6 +236,67 @@ async def test_a_lock_released_within_the_busy_timeout_is_only_waited_for(tmp_pa
         assert await store.drained_backends() == {"f1"}
         job = await store.get_job("f1", 7)
         assert job is not None and job.status is JobStatus.SUCCESS
+
+
+async def test_a_write_cancelled_at_any_point_leaves_no_sqlite_lock_behind(tmp_path: Path) -> None:
+    """A caller cancelled while its write is on the way (here: a new backend's row, then its
+    health) never leaves the write transaction open: once the writer is idle, another process
+    gets the write lock at once. (The backend row was written on a connection of the async
+    engine: a health loop cancelled between its INSERT and COMMIT kept SQLite's write lock until
+    that connection was collected, and a dispatcher's stop waited on it past shutdown_timeout.)"""
+    path = tmp_path / "store.db"
+    async with Store(f"sqlite:///{path}", busy_timeout=5) as store:
+        for attempt in range(300):
+            write = asyncio.create_task(store.set_backend_health(f"b{attempt}", True, detail=None))
+            # cancelled at a moment spread over its first 4 ms, the loop turning meanwhile (as in a
+            # busy daemon; a timer alone lands between the statements): before, during or after
+            # the statements the database thread runs. Not a wait for a condition.
+            spin_until = time.perf_counter() + (attempt % 40) * 0.0001
+            while time.perf_counter() < spin_until:  # noqa: ASYNC110
+                await asyncio.sleep(0)
+            write.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await write
+            await store.flush()  # the writer is idle: nothing of ours may hold the lock now
+            other = sqlite3.connect(path, timeout=0, isolation_level=None)
+            try:
+                other.execute("BEGIN IMMEDIATE")  # fails at once ("database is locked") if held
+                other.execute("ROLLBACK")
+            finally:
+                other.close()
+        await store.set_backend_health("after", True, detail=None)
+        assert "after" in await store.backend_states()
+
+
+async def test_on_a_sqlite_file_only_the_writer_writes(tmp_path: Path) -> None:
+    """The rule the test above relies on, checked statement by statement: on a SQLite file no
+    write runs on a connection of the async engine (whose callers can be cancelled mid-way);
+    every INSERT, UPDATE and DELETE goes through the writer's own thread."""
+    path = tmp_path / "store.db"
+    async with Store(f"sqlite:///{path}") as store:
+        writes: list[str] = []
+
+        def on_execute(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if statement.lstrip().split()[0].upper() in {"INSERT", "UPDATE", "DELETE", "REPLACE"}:
+                writes.append(statement)
+
+        engine = store.engine.sync_engine
+        sqlalchemy.event.listen(engine, "before_cursor_execute", on_execute)
+        try:
+            await store.ensure_backend("f1")
+            await store.set_backend_health("f2", False, detail="down", event="went down")
+            await store.add_backend_event("f3", "note", "a new backend's first event")
+            await store.set_backend_drained("f4", True)
+            for version in _lifecycle_versions(7, 1):
+                await store.put(JobVersion("f5", version))
+            await store.flush()
+            await store.add_instance("f6", "vm1.example")
+            await store.prune(timedelta(0))
+            assert (await store.get_job("f5", 7)) is None  # (pruned: the writes did happen)
+            assert {"f1", "f2", "f3", "f4", "f5", "f6"} <= set(await store.backends())
+        finally:
+            sqlalchemy.event.remove(engine, "before_cursor_execute", on_execute)
+        assert writes == []
 
 
 def test_the_private_instance_is_not_the_shared_cluster(private_pg: PrivatePostgres) -> None:

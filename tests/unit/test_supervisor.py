@@ -8,6 +8,7 @@ import logging
 
 import pytest
 
+from synnefo_ganeti._where import where
 from synnefo_ganeti.daemon import RootTaskEnded, Supervisor
 
 
@@ -123,3 +124,22 @@ async def test_a_detached_task_may_end() -> None:
     gate.set()
     await task
     assert supervisor.healthy
+
+
+async def test_where_names_the_innermost_await_of_a_task() -> None:
+    """A stop that overruns says where it hangs: the innermost frame, not the task's outer one."""
+    blocker: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def inner_wait() -> None:
+        await blocker
+
+    async def outer() -> None:
+        await inner_wait()
+
+    task = asyncio.create_task(outer())
+    await asyncio.sleep(0)  # the task runs up to its await
+    here = where(task)
+    assert "in inner_wait, awaiting Future" in here and "via outer" in here, here
+    blocker.set_result(None)
+    await task
+    assert where(task) == "nowhere (the task has ended)"
