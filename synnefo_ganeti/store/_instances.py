@@ -102,6 +102,15 @@ class StoredInstance:
     state_time: float | None
     created_at: datetime
     updated_at: datetime
+    #: what is in progress ("build", "start", "stop", "reboot", "modify", "delete", ...), its job
+    task: str | None = None
+    task_job_id: int | None = None
+    #: the last action that failed: {"action", "job_id", "message", "at"}; None after a success
+    last_error: dict[str, Any] | None = None
+    #: what Ganeti reports (after a create or modify ends, and on each reconcile pass)
+    memory: int | None = None
+    vcpus: int | None = None
+    pnode: str | None = None
 
     #: what ``--json`` shows: not the row id, nor the time of the last applied job end
     __json_fields__ = (
@@ -118,6 +127,12 @@ class StoredInstance:
         "create_job_id",
         "created_at",
         "updated_at",
+        "task",
+        "task_job_id",
+        "last_error",
+        "memory",
+        "vcpus",
+        "pnode",
     )
 
     def to_json(self) -> dict[str, Any]:
@@ -142,6 +157,12 @@ class StoredInstance:
             state_time=row.state_time,
             created_at=row.created_at,
             updated_at=row.updated_at,
+            task=row.task,
+            task_job_id=row.task_job_id,
+            last_error=row.last_error,
+            memory=row.memory,
+            vcpus=row.vcpus,
+            pnode=row.pnode,
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any, ClassVar
+from uuid import uuid4
 
 from sqlalchemy import (
     JSON,
@@ -33,7 +34,9 @@ __all__ = [
     "Backend",
     "BackendEvent",
     "Base",
+    "ChangeRow",
     "CreateRequest",
+    "FeedCursor",
     "Instance",
     "InstanceJob",
     "Job",
@@ -108,9 +111,11 @@ class Instance(Base):
     """
 
     __tablename__ = "instances"
-    __table_args__ = (UniqueConstraint("backend_id", "name"),)
+    __table_args__ = (UniqueConstraint("backend_id", "name"), UniqueConstraint("uuid"))
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    #: the public id (``StoredInstance.id``): a UUID given when the row is first written, never reused
+    uuid: Mapped[str] = mapped_column(String(36), default=lambda: str(uuid4()))
     backend_id: Mapped[int] = mapped_column(ForeignKey("backends.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(16))
@@ -123,6 +128,15 @@ class Instance(Base):
     tags: Mapped[list[str] | None] = mapped_column(JSON)
     create_job_id: Mapped[int | None] = mapped_column(BigInteger)
     state_time: Mapped[float | None] = mapped_column(Double)
+    #: what is in progress ("build", "start", "stop", "reboot", "modify", "delete", ...) and its job
+    task: Mapped[str | None] = mapped_column(String(16))
+    task_job_id: Mapped[int | None] = mapped_column(BigInteger)
+    #: the last action that failed: {"action", "job_id", "message", "at"}; None after a success
+    last_error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: what Ganeti reports (after a create or modify ends, and each reconcile pass)
+    memory: Mapped[int | None] = mapped_column(Integer)
+    vcpus: Mapped[int | None] = mapped_column(Integer)
+    pnode: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -243,8 +257,37 @@ class CreateRequest(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     claimed_by: Mapped[str | None] = mapped_column(String(64))
     claimed_at: Mapped[datetime | None]
+    #: the instance row's public id once placed (``Request.instance_id``)
+    instance_uuid: Mapped[str | None] = mapped_column(String(36))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     submitted_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+
+
+class ChangeRow(Base):
+    """The change feed (``ControlPlane.changes``): one row per change of a request's status or
+    error, or of an instance's status, task or last error. Written by database triggers
+    (migration 0005), so that every process's writes are in it, in commit order; ``at`` is
+    seconds since the epoch."""
+
+    __tablename__ = "changes"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    key: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str | None] = mapped_column(String(16))
+    task: Mapped[str | None] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    at: Mapped[float] = mapped_column(Double)
+
+
+class FeedCursor(Base):
+    """How far a consumer of the change feed got (the webhook: ``name`` "webhook")."""
+
+    __tablename__ = "feed_cursors"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_id: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime]

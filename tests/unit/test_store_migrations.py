@@ -16,7 +16,17 @@ from synnefo_ganeti.store import Store, current_revision, head_revision, normali
 from synnefo_ganeti.store._migrate import alembic_config
 from synnefo_ganeti.store._schema import metadata
 
-TABLES = {"backends", "backend_events", "instances", "instance_jobs", "jobs", "job_events", "requests"}
+TABLES = {
+    "backends",
+    "backend_events",
+    "instances",
+    "instance_jobs",
+    "jobs",
+    "job_events",
+    "requests",
+    "changes",
+    "feed_cursors",
+}
 
 
 @pytest.fixture
@@ -120,6 +130,58 @@ async def test_0002_keeps_the_rows_of_0001(db_url: str, engine: AsyncEngine) -> 
     async with Store(db_url, create=False) as store:
         (instance,) = await store.list_instances()
         assert instance.name == "vm1" and instance.owned and instance.backend == "b1"
+
+
+async def test_0005_gives_each_instance_a_uuid_and_its_triggers_feed_the_changes(
+    db_url: str, engine: AsyncEngine
+) -> None:
+    """Rows of 0004 get a UUID each; from then on, the triggers write a change for each insert
+    and each change of status/error (requests) or status/task/last error (instances), and
+    none for an update that changes none of those."""
+    from sqlalchemy import text
+
+    await _run(engine, _command, "upgrade", "0004")
+
+    def fill(connection: Connection) -> None:
+        connection.execute(
+            text("INSERT INTO backends (id, name, created_at) VALUES (1, 'b1', CURRENT_TIMESTAMP)")
+        )
+        for row_id in (1, 2):
+            connection.execute(
+                text(
+                    "INSERT INTO instances (id, backend_id, name, status, owned, created_at, updated_at) "
+                    f"VALUES ({row_id}, 1, 'vm{row_id}', 'STARTED', true, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                )
+            )
+
+    await _run(engine, fill)
+    await _run(engine, _command, "upgrade", "head")
+
+    def changes(connection: Connection) -> list[tuple[Any, ...]]:
+        rows = connection.execute(text("SELECT kind, key, status, task, error FROM changes ORDER BY id"))
+        return [tuple(row) for row in rows]
+
+    assert await _run(engine, changes) == []  # the upgrade itself is no change
+    async with Store(db_url, create=False) as store:
+        first, second = sorted(await store.list_instances(), key=lambda i: i.name)
+        uuids = {str(first.id), str(second.id)}
+        assert len(uuids) == 2 and all(len(u) == 36 for u in uuids)
+
+    def act(connection: Connection) -> str:
+        uuid = connection.execute(text("SELECT uuid FROM instances WHERE id = 1")).scalar_one()
+        connection.execute(text("UPDATE instances SET task = 'stop' WHERE id = 1"))
+        connection.execute(text("UPDATE instances SET tags = NULL WHERE id = 1"))  # no change
+        connection.execute(
+            text("UPDATE instances SET status = 'STOPPED', task = NULL, last_error = :e WHERE id = 1"),
+            {"e": '{"action": "stop", "message": "it failed"}'},
+        )
+        return str(uuid)
+
+    uuid = await _run(engine, act)
+    assert await _run(engine, changes) == [
+        ("instance", uuid, "STARTED", "stop", None),
+        ("instance", uuid, "STOPPED", None, "it failed"),
+    ]
 
 
 @pytest.mark.timeout(60)
