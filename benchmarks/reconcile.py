@@ -17,7 +17,7 @@ jobs they use are in ``/2/jobs?bulk=1``):
 * stale: the instance removed from the fake; orphan: an owned instance only in the fake;
 * operstate: the fake's instance stopped, the row STARTED; flavor: the fake's maxmem
   changed; nics: the fake's NIC link changed, or a second NIC; disks: a disk size
-  changed; tags: a tag added in the fake;
+  changed; tags: a tag of our namespace added in the fake;
 * building: a BUILD row whose create job failed in the fake (a create with a disk
   template the cluster does not enable), or a BUILD row with no create job, an hour old,
   that the fake does not have;
@@ -216,7 +216,7 @@ async def populate(fake: Any, args: argparse.Namespace) -> dict[str, Any]:
         elif kind == "disks":
             inst.disks[0]["size"] = DISK * 2
         elif kind == "tags":
-            inst.tags.append("added-by-hand")
+            inst.tags.append("synnefo-ganeti:added-by-hand")  # ours (operator tags are not compared)
         elif kind == "building":
             del cluster.instances[instance]
             row = rows[instance]
@@ -385,6 +385,8 @@ async def run_config(fakes: Fakes, args: argparse.Namespace, folder: str) -> dic
         failed = [b.error for b in report.backends if not b.ok]
         for error in failed:
             progress(f"backend failed: {error}")
+        for missing in sorted(expected - found):
+            progress(f"drift not found: {missing}")
         result = {
             "backends": backends,
             "instances": backends * instances,

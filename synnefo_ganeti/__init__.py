@@ -48,13 +48,14 @@ from synnefo_ganeti.rapi import (
     RetryPolicy,
     Timestamp,
 )
-from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, StoredInstance
+from synnefo_ganeti.store import Change, InstanceStatus, Request, RequestStatus, StoredInstance
 
 __all__ = [
     "FINAL_STATUSES",
     "AuthenticationError",
     "BadRequestError",
     "CancelResult",
+    "Change",
     "ClusterInfo",
     "ConfigError",
     "ConflictError",

@@ -24,6 +24,8 @@ environment, ``__`` separates the levels: ``SYNNEFO_GANETI__DATABASE__URL``,
     [ownership]
     prefix = "sg-"                      # instances whose names start with it ...
     tag = "synnefo-ganeti:owned"        # ... and that carry this tag are ours ("" turns it off)
+    unique_names = "global"             # or "backend": where a live instance's name is unique
+    tag_namespace = "synnefo-ganeti:"   # tags under it are ours to store and compare
 
     [reconcile]
     interval = 300                      # seconds between reconcile passes
@@ -38,6 +40,10 @@ environment, ``__`` separates the levels: ``SYNNEFO_GANETI__DATABASE__URL``,
     webhook = "https://ops.example.org/hooks/ganeti"   # POSTed each health change
     status_port = 9180                  # /metrics, /healthz, /readyz on status_host
 
+    [notify]                            # the change-feed webhook (docs/changes.md); optional
+    url = "https://api.example.org/hooks/synnefo-ganeti"
+    secret_file = "webhook.secret"      # mode 0600: the HMAC-SHA256 key of the signature header
+
 Every problem raises :class:`~synnefo_ganeti.errors.ConfigError`, one line per bad key:
 ``config file /etc/synnefo-ganeti.toml: backends.1.url: must start with https://...``.
 No message and no ``repr`` shows a password, a password file's content, or a database
@@ -45,7 +51,7 @@ URL's password.
 
 The package's modules: ``_sections`` (the section models), ``_settings`` (``Settings``),
 ``_loading`` (the file, the environment, what a reload changes), ``_errors`` (validation
-errors in words) and ``_secrets`` (password files).
+errors in words), ``_secrets`` (password files) and ``_notify`` (``[notify]``).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from synnefo_ganeti.config._loading import (
     BackendChanges,
     diff_backends,
 )
+from synnefo_ganeti.config._notify import NotifySettings
 from synnefo_ganeti.config._secrets import read_password_file
 from synnefo_ganeti.config._sections import (
     DEFAULT_OWNERSHIP_TAG,
@@ -78,6 +85,7 @@ __all__ = [
     "DatabaseSettings",
     "DispatcherSettings",
     "NodePlacement",
+    "NotifySettings",
     "OwnershipSettings",
     "ReconcileSettings",
     "Settings",

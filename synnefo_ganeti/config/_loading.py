@@ -68,7 +68,11 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def _resolve_relative_paths(data: dict[str, Any], folder: Path) -> None:
-    """Make the backends' relative paths relative to the config file's folder (in place)."""
+    """Make the backends' (and [notify]'s) relative paths relative to the config file's folder (in place)."""
+    notify = data.get("notify")
+    if isinstance(notify, dict) and isinstance(notify.get("secret_file"), str) and notify["secret_file"]:
+        path = Path(notify["secret_file"]).expanduser()
+        notify["secret_file"] = str(path if path.is_absolute() else folder / path)
     backends = data.get("backends")
     if not isinstance(backends, list):
         return

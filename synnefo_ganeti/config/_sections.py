@@ -27,6 +27,7 @@ __all__ = [
     "OwnershipSettings",
     "ReconcileSettings",
     "Strategy",
+    "UniqueNames",
 ]
 
 DEFAULT_OWNERSHIP_TAG = "synnefo-ganeti:owned"
@@ -38,6 +39,10 @@ NodePlacement = Literal["pnode", "opportunistic", "ganeti"]
 """Who chooses the node inside a backend (``[dispatcher] node_placement``): the dispatcher
 (``pnode``), Ganeti's iallocator on the node locks that are free (``opportunistic``), or
 Ganeti's iallocator holding every node lock (``ganeti``)."""
+
+UniqueNames = Literal["global", "backend"]
+"""Where an instance name is unique while its instance is not DESTROYED (``[ownership]
+unique_names``): across all backends (``global``) or on each backend (``backend``)."""
 
 _BACKEND_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _INSTANCE_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -232,10 +237,17 @@ class OwnershipSettings(_Section):
     An instance is owned when it matches every configured marker: its name starts with
     ``prefix``, and it carries ``tag``. An empty string turns a marker off; with no marker
     at all, nothing is owned.
+
+    ``unique_names``: a name is unique across all backends (``"global"``, the default) or
+    on each backend (``"backend"``) while its instance is not DESTROYED; a create or
+    request that clashes is a ``ConflictError``. ``tag_namespace``: the tags under it are
+    this control plane's to store and compare (an operator's other tags are left alone).
     """
 
     prefix: str | None = None
     tag: str | None = DEFAULT_OWNERSHIP_TAG
+    unique_names: UniqueNames = "global"
+    tag_namespace: str = "synnefo-ganeti:"
 
     @field_validator("prefix", "tag", mode="before")
     @classmethod

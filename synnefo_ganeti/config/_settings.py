@@ -28,6 +28,7 @@ from synnefo_ganeti.config._loading import (
     read_toml,
     requested_file,
 )
+from synnefo_ganeti.config._notify import NotifySettings
 from synnefo_ganeti.config._sections import (
     BackendSettings,
     DatabaseSettings,
@@ -41,7 +42,8 @@ __all__ = ["Settings"]
 
 
 class Settings(BaseSettings):
-    """All the settings: ``[database]``, ``[[backends]]``, ``[ownership]``, ``[reconcile]``, ``[dispatcher]``.
+    """All the settings: ``[database]``, ``[[backends]]``, ``[ownership]``, ``[reconcile]``, ``[dispatcher]``,
+    ``[notify]``.
 
     ``Settings()`` reads the file named by ``SYNNEFO_GANETI_CONFIG`` (if set);
     :meth:`from_file` reads a given one. ``SYNNEFO_GANETI__...`` environment variables
@@ -62,6 +64,7 @@ class Settings(BaseSettings):
     ownership: OwnershipSettings = Field(default_factory=OwnershipSettings)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
+    notify: NotifySettings = Field(default_factory=NotifySettings)
 
     _source: Path | None = PrivateAttr(default=None)
 

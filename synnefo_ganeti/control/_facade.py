@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Self
 
 from synnefo_ganeti import metrics
 from synnefo_ganeti._backends import BackendResources
 from synnefo_ganeti.config import Settings
+from synnefo_ganeti.control._actions import delete, run_action, submit_refused
+from synnefo_ganeti.control._lookup import find_instance, resolve_instance
 from synnefo_ganeti.errors import (
     ConfigError,
     ConflictError,
@@ -48,6 +50,7 @@ from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import InstanceSpec, RapiClient, RebootType
 from synnefo_ganeti.reconcile._observe import expectation, expected_beparams
 from synnefo_ganeti.store import (
+    Change,
     InstanceAction,
     InstanceStatus,
     Request,
@@ -141,7 +144,12 @@ class ControlPlane:
         tags = list(dict.fromkeys([*spec.tags, *self.settings.ownership.tags_for_new()]))
         submitted = spec.model_copy(update={"tags": tags})
         await self.store.add_instance(
-            backend, spec.name, status=InstanceStatus.BUILD, owned=True, **expectation(spec, tags)
+            backend,
+            spec.name,
+            status=InstanceStatus.BUILD,
+            owned=True,
+            unique_names=self.settings.ownership.unique_names,  # a name taken: ConflictError, nothing written
+            **expectation(spec, tags, self.settings.ownership.tag_namespace),
         )
         try:
             job_id = await (await self.client(backend)).create_instance(submitted)
@@ -152,8 +160,9 @@ class ControlPlane:
                 backend,
             )
             raise
-        except GanetiError:
-            await self.store.update_instance(backend, spec.name, status=InstanceStatus.ERROR)
+        except GanetiError as exc:
+            # the instance ERROR, and its last_error says why
+            await submit_refused(self.store, backend, spec.name, InstanceAction.CREATE, exc)
             raise
         instance = await self.store.record_instance_job(
             backend, spec.name, job_id, InstanceAction.CREATE, start=spec.start
@@ -175,26 +184,32 @@ class ControlPlane:
                 f"instance {name} of backend {backend} is not in the database; "
                 "only instances this control plane created (or adopted) can be managed through it"
             )
-        if instance.status is InstanceStatus.DESTROYED:
-            raise NotFoundError(f"instance {name} of backend {backend} is DESTROYED")
-        job_id = await call(await self.client(backend))
-        await self.store.record_instance_job(backend, name, job_id, action, params=params)
-        return job_id
+        # one action at a time: the task reserved first, a busy instance a ConflictError (control/_actions.py)
+        client = await self.client(backend)
+        return await run_action(self.store, client, backend, name, action, call, params=params)
 
-    async def delete_instance(self, name: str, *, backend: str, build_timeout: float | None = None) -> int:
-        """Remove the instance from Ganeti; DESTROYED once the job succeeds.
+    async def delete_instance(
+        self, name: str, *, backend: str | None = None, build_timeout: float | None = None
+    ) -> int | None:
+        """Remove the instance from Ganeti; DESTROYED once the job succeeds (or fails because
+        Ganeti has no such instance). Returns the job id, or None when nothing was left to remove.
 
         An instance still in BUILD has its create job canceled if Ganeti has not started
         it (the instance then never exists: DESTROYED at once, the create's job id is
         returned); a create already running is waited for (``build_timeout``), then the
-        instance is removed as usual.
+        instance is removed as usual. A second delete returns the first one's job id; an
+        ERROR instance that Ganeti does not have ends DESTROYED without a job (None).
+        Without ``backend``, ``name`` is the instance's id (as for the other actions).
         """
+        backend, name = await resolve_instance(self.store, name, backend)
         instance = await self.store.get_instance(backend, name)
         if instance is not None and instance.status is InstanceStatus.BUILD:
             settled = await self._settle_build(instance, timeout=build_timeout)
             if settled is not None:
                 return settled
-        return await self._submit(backend, name, InstanceAction.REMOVE, lambda c: c.delete_instance(name))
+        if instance is None:
+            return await self._submit(backend, name, InstanceAction.REMOVE, lambda c: c.delete_instance(name))
+        return await delete(self.store, await self.client(backend), backend, name)
 
     async def _settle_build(self, instance: StoredInstance, *, timeout: float | None) -> int | None:
         """Cancel or wait out a BUILD instance's create; its job id if nothing is left to remove."""
@@ -227,19 +242,28 @@ class ControlPlane:
             return job_id
         return None
 
-    async def startup_instance(self, name: str, *, backend: str) -> int:
+    # without ``backend``, ``name`` is the instance's id (control/_lookup.py)
+    async def startup_instance(self, name: str, *, backend: str | None = None) -> int:
+        backend, name = await resolve_instance(self.store, name, backend)
         return await self._submit(backend, name, InstanceAction.STARTUP, lambda c: c.startup_instance(name))
 
-    async def shutdown_instance(self, name: str, *, backend: str) -> int:
+    async def shutdown_instance(self, name: str, *, backend: str | None = None) -> int:
+        backend, name = await resolve_instance(self.store, name, backend)
         return await self._submit(backend, name, InstanceAction.SHUTDOWN, lambda c: c.shutdown_instance(name))
 
-    async def reboot_instance(self, name: str, *, backend: str, reboot_type: RebootType = "soft") -> int:
+    async def reboot_instance(
+        self, name: str, *, backend: str | None = None, reboot_type: RebootType = "soft"
+    ) -> int:
+        backend, name = await resolve_instance(self.store, name, backend)
         return await self._submit(
             backend, name, InstanceAction.REBOOT, lambda c: c.reboot_instance(name, reboot_type=reboot_type)
         )
 
-    async def modify_instance(self, name: str, *, backend: str, beparams: dict[str, Any]) -> int:
+    async def modify_instance(
+        self, name: str, *, backend: str | None = None, beparams: dict[str, Any]
+    ) -> int:
         """Change beparams (memory, vcpus, ...); the recorded flavor follows when the job succeeds."""
+        backend, name = await resolve_instance(self.store, name, backend)
         return await self._submit(
             backend,
             name,
@@ -248,11 +272,35 @@ class ControlPlane:
             params=expected_beparams(beparams),
         )
 
-    async def get_instance(self, name: str, *, backend: str) -> StoredInstance | None:
-        return await self.store.get_instance(backend, name)
+    async def get_instance(self, name_or_id: str, *, backend: str | None = None) -> StoredInstance | None:
+        """The instance with id ``name_or_id``, or (with ``backend``) named so there; None: none."""
+        return await find_instance(self.store, name_or_id, backend)
 
-    async def list_instances(self, *, backend: str | None = None) -> list[StoredInstance]:
-        return await self.store.list_instances(backend=backend)
+    async def list_instances(
+        self,
+        *,
+        backend: str | None = None,
+        status: Iterable[InstanceStatus | str] | None = None,
+        name_prefix: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> list[StoredInstance]:
+        """Instances ordered by backend and name; by id with ``limit`` or ``after`` (the last id
+        seen: the next page is ``after=page[-1].id``)."""
+        return await self.store.list_instances(
+            backend=backend, status=status, name_prefix=name_prefix, limit=limit, after=after
+        )
+
+    # -- the change feed -------------------------------------------------------------------------
+
+    def changes(self, since: int | None = None) -> AsyncGenerator[Change, None]:
+        """``async for change in cp.changes():`` every change of a request or an instance, forever.
+
+        ``since=None``: the changes after the newest one when the iteration starts (what
+        happens from then on); ``since=N``: those after change id ``N`` (resume with the
+        ``id`` of the last change handled). Every process's writes are in it, in commit
+        order; see docs/changes.md."""
+        return self.store.changes(since)
 
     # -- durable requests ------------------------------------------------------------------------
 
@@ -263,13 +311,18 @@ class ControlPlane:
 
         The dispatcher places it (on ``backend`` if given), submits and records it;
         :meth:`wait_request` tells how it ended. ``request_id`` makes the call idempotent:
-        the same id again returns the same request (the id of a request for another instance
-        raises :class:`ConflictError`).
+        the same id again returns the same request (with another spec, name or backend a
+        :class:`ConflictError` naming the fields that differ). A name another instance (not
+        DESTROYED) or open request holds (``[ownership] unique_names``) is a ConflictError.
         """
         if backend is not None:
             self.settings.backend(backend)  # an unknown name is a ConfigError now, not a failed request later
         request, new = await self.store.add_request(
-            spec.model_dump(mode="json"), name=spec.name, backend=backend, request_id=request_id
+            spec.model_dump(mode="json"),
+            name=spec.name,
+            backend=backend,
+            request_id=request_id,
+            unique_names=self.settings.ownership.unique_names,
         )
         if new:
             metrics.REQUESTS.labels("pending").inc()
@@ -288,8 +341,13 @@ class ControlPlane:
         status: Iterable[RequestStatus | str] | None = None,
         backend: str | None = None,
         limit: int | None = None,
+        after: str | None = None,
+        name_prefix: str | None = None,
     ) -> list[Request]:
-        return await self.store.list_requests(status=status, backend=backend, limit=limit)
+        """Requests ordered by id: ``limit`` of them, with an id above ``after`` (the last id seen)."""
+        return await self.store.list_requests(
+            status=status, backend=backend, limit=limit, after=after, name_prefix=name_prefix, by_id=True
+        )
 
     async def wait_request(self, request_id: str, *, timeout: float | None = None) -> Request:
         """Wait until the request ends (succeeded, failed or canceled) and return it.

@@ -6,7 +6,7 @@ dispatchers from dead ones.
 
 Where things live: ``_dispatcher`` the lifecycle (root tasks under a supervisor, stop,
 reload, the reconcile/metrics/lock/watchdog loops); ``_submitter`` claim, place, submit;
-``_recovery`` take-over of dead dispatchers' requests and the look in Ganeti before a
+``_webhook`` the change-feed webhook; ``_recovery`` take-over of dead dispatchers' requests and the look in Ganeti before a
 create is sent again; ``_wiring`` per-backend clients, job followers, health and node
 stats; ``_base`` the state and small steps they share.
 """
@@ -16,12 +16,16 @@ from __future__ import annotations
 from synnefo_ganeti.dispatch._dispatcher import DAEMON_FIXES, Dispatcher, DispatcherStats
 from synnefo_ganeti.dispatch._liveness import DispatcherLock, new_dispatcher_id
 from synnefo_ganeti.dispatch._tracker import JobTracker
+from synnefo_ganeti.dispatch._webhook import SIGNATURE_HEADER, WebhookDeliverer, sign
 
 __all__ = [
     "DAEMON_FIXES",
+    "SIGNATURE_HEADER",
     "Dispatcher",
     "DispatcherLock",
     "DispatcherStats",
     "JobTracker",
+    "WebhookDeliverer",
     "new_dispatcher_id",
+    "sign",
 ]

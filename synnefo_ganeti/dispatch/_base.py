@@ -25,6 +25,7 @@ from synnefo_ganeti.config import BackendSettings, Settings
 from synnefo_ganeti.daemon import StatusServer, Supervisor, SystemdNotifier
 from synnefo_ganeti.dispatch._liveness import DispatcherLock, new_dispatcher_id
 from synnefo_ganeti.dispatch._tracker import JobTracker
+from synnefo_ganeti.dispatch._webhook import WebhookDeliverer
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.health import HealthMonitor
 from synnefo_ganeti.rapi import RapiClient
@@ -89,6 +90,8 @@ class DispatcherBase(BackendResources):
         self.allocator = Allocator(settings.dispatcher.strategy)
         self.health: HealthMonitor | None = None
         self.status: StatusServer | None = None
+        #: the change-feed webhook's deliverer while it runs ([notify] url set)
+        self.webhook: WebhookDeliverer | None = None
         self.notifier = notifier or SystemdNotifier()
         #: the root tasks (loops, per-backend trackers and watchers); a new one per run()
         self.supervisor = Supervisor("dispatcher", logger=log)

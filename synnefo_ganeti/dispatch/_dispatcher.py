@@ -3,14 +3,17 @@
 One :class:`Dispatcher` runs, per backend of the configuration:
 
 * the **queue watcher** when the backend's ``queue_dir`` is on this machine, else a
-  :class:`~synnefo_ganeti.dispatch.JobTracker` long-polling RAPI ``/wait``;
+  :class:`~synnefo_ganeti.dispatch.JobTracker` long-polling RAPI ``/wait`` for every job
+  any process records (handed to it by ``_follow``, within 1 s of the recording);
 * **node stats** refreshes for placement (``GET /2/nodes?bulk=1`` and ``/2/info``),
   on an interval and after placements ran;
 
 and, over all backends: the **health monitor** (down after K failed probes: out of
 placement, a backend event in the database, a log line, the webhook), the
 **reconciler** every ``[reconcile] interval`` (each backend by one dispatcher at a time),
-and the **submitter**, which claims pending requests and, for each:
+the **observer** (Ganeti's values of an instance stored after its create or modify ends,
+:mod:`._observe`),
+the change-feed **webhook** when ``[notify] url`` is set (``_webhook``), and the **submitter**, which claims pending requests and, for each:
 
 1. places it with the :class:`~synnefo_ganeti.allocate.Allocator` (or on the backend the
    request names); no room anywhere: it waits and tries again, until
@@ -58,8 +61,11 @@ from synnefo_ganeti._where import where
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.daemon import StatusServer
 from synnefo_ganeti.dispatch._base import DispatcherStats, _replace
+from synnefo_ganeti.dispatch._follow import FOLLOW_TASK
 from synnefo_ganeti.dispatch._liveness import DispatcherLock
+from synnefo_ganeti.dispatch._observe import Observer
 from synnefo_ganeti.dispatch._submitter import Submitter
+from synnefo_ganeti.dispatch._webhook import WebhookDeliverer
 from synnefo_ganeti.errors import GanetiError, StoreError
 from synnefo_ganeti.reconcile import Fix, Reconciler, Report
 from synnefo_ganeti.store import RequestStatus
@@ -74,14 +80,17 @@ DAEMON_FIXES = frozenset(Fix)
 
 #: the names of the dispatcher's own root tasks (besides ``dispatch health`` and each backend's
 #: ``watch NAME`` or ``track NAME``); the liveness lock runs on PostgreSQL only, the watchdog
-#: under a systemd that asks for it
+#: under a systemd that asks for it, the webhook when ``[notify] url`` is set
 ROOT_TASKS = (
     "dispatch submitter",
     "dispatch node stats",
     "dispatch reconciler",
     "dispatch metrics",
+    "dispatch follow jobs",
+    "dispatch observer",
     "dispatch liveness lock",
     "dispatch watchdog",
+    "dispatch webhook",
 )
 
 
@@ -93,6 +102,9 @@ class Dispatcher(Submitter):
     embedded dispatcher). ``supervisor`` runs the root tasks; :meth:`run` returns 1 when
     one of them failed, 0 after a clean stop.
     """
+
+    #: stores Ganeti's values of instances after their creates and modifies (set on start)
+    observer: Observer | None = None
 
     # -- life ------------------------------------------------------------------------------------
 
@@ -136,6 +148,8 @@ class Dispatcher(Submitter):
         self._lock = DispatcherLock(store, self.id)
         await self._lock.acquire()
         store.on_commit.append(self._on_commit)
+        observer = self.observer = Observer(store, self.client)  # Ganeti's values after jobs end
+        store.on_commit.append(observer.on_commit)
         self.supervisor.on_failure.append(self._root_task_failed)
         for backend in self.settings.backends:
             await self._add_backend(backend)
@@ -157,10 +171,15 @@ class Dispatcher(Submitter):
         supervisor.start("dispatch node stats", self._stats_loop())
         supervisor.start("dispatch reconciler", self._reconcile_loop())
         supervisor.start("dispatch metrics", self._metrics_loop())
+        supervisor.start(FOLLOW_TASK, self._recorded_jobs().run())  # jobs other processes record
+        supervisor.start("dispatch observer", observer.run())
         if self.store.dialect == "postgresql":
             supervisor.start("dispatch liveness lock", self._lock_loop())
         if self.notifier.watchdog_interval() is not None:
             supervisor.start("dispatch watchdog", self._watchdog_loop())
+        if self.settings.notify.enabled:  # [notify] url: every change POSTed (see _webhook)
+            self.webhook = WebhookDeliverer(self.store, self.settings.notify, lock=self._lock)
+            supervisor.start("dispatch webhook", self.webhook.run())
         if self._freeze_gc:
             # Everything built so far (settings, clients, tables, models) lives as long as the
             # process: out of the collector's generations, each collection walks far fewer
@@ -232,6 +251,9 @@ class Dispatcher(Submitter):
         if self._store is not None:
             with contextlib.suppress(ValueError):
                 self.store.on_commit.remove(self._on_commit)
+            if self.observer is not None:
+                with contextlib.suppress(ValueError):
+                    self.store.on_commit.remove(self.observer.on_commit)
         if self.status is not None:
             await self.status.stop()
             self.status = None

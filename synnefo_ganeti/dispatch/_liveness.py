@@ -6,7 +6,8 @@ advisory lock named after its id on a connection of its own for its whole life; 
 lock goes when the process (or its connection) does, so ``pg_try_advisory_lock`` on
 another's key succeeds exactly when that one is gone. The same connection takes a
 per-backend lock around each reconcile pass, so that several dispatchers reconcile a
-backend one at a time.
+backend one at a time, and the ``webhook`` lock around each batch the change-feed webhook
+delivers, so that one dispatcher at a time POSTs the feed.
 
 SQLite takes one dispatcher per database (its writes serialise anyway): an exclusive
 ``flock`` on ``<database>.dispatcher.lock`` says so, and every other claimant is dead.
@@ -141,6 +142,19 @@ class DispatcherLock:
     async def done_reconciling(self, backend: str) -> None:
         if self.store.dialect == "postgresql":
             await self._unlock(f"reconcile:{backend}")
+
+    async def try_deliver(self) -> bool:
+        """Take the right to deliver the change-feed webhook now (False: another dispatcher does)."""
+        if self.store.dialect != "postgresql":
+            return True
+        return await self._try("webhook")
+
+    async def done_delivering(self) -> None:
+        if self.store.dialect == "postgresql":
+            try:
+                await self._unlock("webhook")
+            except Exception as exc:  # a lost connection took the lock with it
+                log.debug("releasing the webhook lock: %s", exc)
 
     async def _try(self, name: str) -> bool:
         conn = self._connection()

@@ -165,7 +165,14 @@ class Submitter(Recovery):
             spec.model_copy(update={"tags": tags}), reservation, self.settings.dispatcher.node_placement
         )
         try:
-            await self.store.place_request(request.id, self.id, name, expectation(spec, tags))
+            unique = self.settings.ownership.unique_names
+            await self.store.place_request(
+                request.id,
+                self.id,
+                name,
+                expectation(spec, tags, self.settings.ownership.tag_namespace),
+                unique_names=unique,
+            )
         except RequestNotHeldError:
             self.allocator.release(reservation)
             raise

@@ -1,14 +1,16 @@
 """Job ends of a backend whose queue directory is not local: RAPI ``/wait`` long-polls.
 
 When the dispatcher does not run on the Ganeti master it cannot watch the queue, so
-it follows the jobs it cares about (the creates it submitted, and on start-up every
-job recorded against an instance whose end is not applied yet) by long-polling
+it follows every job recorded against an instance whose end is not applied yet (the
+creates it submitted at once; the others as :mod:`~synnefo_ganeti.dispatch._follow`
+discovers them, and on start-up) by long-polling
 ``GET /2/jobs/ID/wait``, a few at a time: ``concurrency`` stays well below the 20
 clients ganeti-rapi serves, since the submitter and the reconciler need some too.
 Jobs are followed oldest first: Ganeti runs them roughly in order, so when the oldest
 ends, the next ones have often ended too and answer at once. Each end is stored like
 a job file the watcher read (``Store.record``), so the instance and the request move
-the same way as with the watcher.
+the same way as with the watcher. A job is followed once: one it finished following is
+not taken again from a listing read before its end was applied (:meth:`JobTracker.discovered`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable
 
 from synnefo_ganeti import metrics
 from synnefo_ganeti.errors import GanetiError, JobNotFoundError
@@ -25,6 +29,9 @@ from synnefo_ganeti.reconcile import job_file
 from synnefo_ganeti.store import JobVersion, Store
 
 __all__ = ["JobTracker"]
+
+#: how many jobs' start times :attr:`JobTracker.began` keeps (the most recent)
+BEGAN_KEPT = 10_000
 
 log = logging.getLogger("synnefo_ganeti.dispatch")
 
@@ -53,6 +60,10 @@ class JobTracker:
         self._queued: set[int] = set()
         self._active: set[int] = set()
         self._wakeup = asyncio.Event()
+        # job id -> when (monotonic) following it ended; forgotten once a listing without it is read
+        self._finished: dict[int, float] = {}
+        #: job id -> when (epoch seconds) its first ``/wait`` was sent, for the last :data:`BEGAN_KEPT` jobs
+        self.began: OrderedDict[int, float] = OrderedDict()
         self._gauge = metrics.JOBS_TRACKED.labels(backend)
 
     def __repr__(self) -> str:
@@ -62,9 +73,10 @@ class JobTracker:
         return len(self._queued) + len(self._active)
 
     def track(self, job_id: int) -> None:
-        """Follow ``job_id`` until it ends (a job already followed is not added twice)."""
+        """Follow ``job_id`` until it ends (a job followed now, or whose end was just stored,
+        is not added again)."""
         job_id = int(job_id)
-        if job_id in self._queued or job_id in self._active:
+        if job_id in self._queued or job_id in self._active or job_id in self._finished:
             return
         self._queued.add(job_id)
         # oldest first: a job id smaller than the queue's head goes in front
@@ -75,11 +87,27 @@ class JobTracker:
         self._gauge.set(len(self))
         self._wakeup.set()
 
+    def discovered(self, job_ids: Iterable[int], *, listed_at: float) -> int:
+        """Follow the jobs of a listing of unapplied jobs read from ``listed_at`` (monotonic)
+        on, except those whose following ended before (their end may be queued for the
+        writer still); how many were new."""
+        listed = {int(job_id) for job_id in job_ids}
+        finished = self._finished
+        for job_id in [j for j, ended_at in finished.items() if ended_at < listed_at and j not in listed]:
+            del finished[job_id]  # applied since: the listing no longer has it
+        added = 0
+        for job_id in sorted(listed):
+            if job_id in finished or job_id in self._queued or job_id in self._active:
+                continue
+            self.track(job_id)
+            added += 1
+        return added
+
     async def run(self) -> None:
         """Follow jobs until cancelled; start-up adds the jobs whose end the database lacks."""
         try:
-            for job_id in await self.store.unapplied_jobs(self.backend):
-                self.track(job_id)
+            listed_at = time.monotonic()
+            self.discovered(await self.store.unapplied_jobs(self.backend), listed_at=listed_at)
         except GanetiError as exc:
             log.warning("%s: cannot read the jobs in flight from the database (%s)", self.backend, exc)
         workers = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
@@ -111,6 +139,10 @@ class JobTracker:
                 self._gauge.set(len(self))
 
     async def _follow(self, job_id: int) -> None:
+        if job_id not in self.began:
+            self.began[job_id] = time.time()
+            while len(self.began) > BEGAN_KEPT:
+                self.began.popitem(last=False)
         try:
             job = await self.client.wait_for_job(job_id)
         except JobNotFoundError:
@@ -119,6 +151,7 @@ class JobTracker:
                 self.backend,
                 job_id,
             )
+            self._finished[job_id] = time.monotonic()
             return
         except GanetiError as exc:
             log.warning(
@@ -129,4 +162,5 @@ class JobTracker:
             self.track(job_id)
             return
         await self.store.put(JobVersion(self.backend, job_file(job)))
+        self._finished[job_id] = time.monotonic()
         self.ended += 1

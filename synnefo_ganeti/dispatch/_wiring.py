@@ -1,6 +1,7 @@
 """Per-backend wiring of the dispatcher: each backend's client, job follower (a queue
-watcher when its ``queue_dir`` is local, else a :class:`JobTracker`), its place in the
-health monitor and its node stats for placement."""
+watcher when its ``queue_dir`` is local, else a :class:`JobTracker`, handed every job any
+process records by :class:`~synnefo_ganeti.dispatch._follow.RecordedJobs`), its place in
+the health monitor and its node stats for placement."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti.allocate import BackendView
 from synnefo_ganeti.config import BackendSettings
 from synnefo_ganeti.dispatch._base import DispatcherBase, _Backend, _replace
+from synnefo_ganeti.dispatch._follow import RecordedJobs
 from synnefo_ganeti.dispatch._tracker import JobTracker
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.health import HealthChange, HealthMonitor
@@ -79,6 +81,20 @@ class BackendWiring(DispatcherBase):
         if client is not None and name in self._own_clients:
             self._own_clients.discard(name)
             await client.close()
+
+    #: the reader handing recorded jobs to the trackers (``dispatch follow jobs``), made on start
+    recorded: RecordedJobs | None = None
+
+    def _recorded_jobs(self) -> RecordedJobs:
+        """The reader handing every recorded job of a backend without a local watcher to its
+        tracker (a backend with one is left to its watcher)."""
+
+        def trackers() -> dict[str, JobTracker]:
+            return {name: e.tracker for name, e in self._backends.items() if e.tracker is not None}
+
+        options = self.settings.dispatcher
+        self.recorded = RecordedJobs(self.store, trackers, poll_interval=options.poll_interval)
+        return self.recorded
 
     # -- health ----------------------------------------------------------------------------------
 

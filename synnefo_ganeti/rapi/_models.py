@@ -175,6 +175,7 @@ class Instance(_Payload):
     nic_links: list[str | None] = Field(default_factory=list, alias="nic.links")
     nic_networks: list[str | None] = Field(default_factory=list, alias="nic.networks")
     disk_sizes: list[int] = Field(default_factory=list, alias="disk.sizes")
+    disk_uuids: list[str | None] = Field(default_factory=list, alias="disk.uuids")
     disk_usage: int | None = None
     oper_ram: int | None = None
     oper_vcpus: int | None = None

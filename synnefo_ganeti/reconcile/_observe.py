@@ -8,10 +8,11 @@ is checked for its memory, not for Ganeti's defaults of everything else.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from synnefo_ganeti.rapi import Instance, InstanceSpec
+from synnefo_ganeti.store import InstanceStatus, StoredInstance
 
 __all__ = [
     "BEPARAM_KEYS",
@@ -23,8 +24,12 @@ __all__ = [
     "expected_nics",
     "nics_differ",
     "observed_beparams",
+    "observed_changes",
     "observed_disks",
+    "observed_memory",
     "observed_nics",
+    "observed_values",
+    "our_tags",
     "tags_differ",
 ]
 
@@ -57,23 +62,22 @@ def expected_nics(nics: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{key: nic[key] for key in NIC_KEYS if nic.get(key) is not None} for nic in nics]
 
 
+def _at(values: list[Any], index: int) -> Any:
+    return values[index] if index < len(values) else None
+
+
 def observed_nics(instance: Instance) -> list[dict[str, Any]]:
-    count = len(instance.nic_macs)
-
-    def at(values: list[Any], index: int) -> Any:
-        return values[index] if index < len(values) else None
-
-    nics = []
-    for index in range(count):
-        nic = {
-            "mac": at(instance.nic_macs, index),
-            "ip": at(instance.nic_ips, index),
-            "mode": at(instance.nic_modes, index),
-            "link": at(instance.nic_links, index),
-            "network": at(instance.nic_networks, index),
+    """Ganeti's NICs, each ``{"mac", "ip", "network", "mode", "link"}`` (``None`` where unset)."""
+    return [
+        {
+            "mac": _at(instance.nic_macs, index),
+            "ip": _at(instance.nic_ips, index),
+            "network": _at(instance.nic_networks, index),
+            "mode": _at(instance.nic_modes, index),
+            "link": _at(instance.nic_links, index),
         }
-        nics.append({key: value for key, value in nic.items() if value is not None})
-    return nics
+        for index in range(len(instance.nic_macs))
+    ]
 
 
 def nics_differ(expected: list[dict[str, Any]] | None, instance: Instance) -> str | None:
@@ -97,7 +101,34 @@ def expected_disks(disks: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def observed_disks(instance: Instance) -> list[dict[str, Any]]:
-    return [{"size": size} for size in instance.disk_sizes]
+    """Ganeti's disks, each ``{"size", "uuid"}`` (size in MiB)."""
+    return [
+        {"size": size, "uuid": _at(instance.disk_uuids, index)}
+        for index, size in enumerate(instance.disk_sizes)
+    ]
+
+
+def observed_memory(instance: Instance) -> int | None:
+    """Ganeti's memory in MiB: ``maxmem`` (``memory`` in older answers)."""
+    value = instance.beparams.get("maxmem", instance.beparams.get("memory"))
+    return None if value is None else int(value)
+
+
+def observed_values(instance: Instance) -> dict[str, Any]:
+    """The instance columns Ganeti's answer fills: what :func:`synnefo_ganeti.store.store_observed` records.
+
+    NICs ``{"mac", "ip", "network", "mode", "link"}``, disks ``{"size", "uuid"}``,
+    ``memory`` (maxmem), ``vcpus``, ``os`` and ``pnode``.
+    """
+    vcpus = instance.beparams.get("vcpus")
+    return {
+        "nics": observed_nics(instance),
+        "disks": observed_disks(instance),
+        "memory": observed_memory(instance),
+        "vcpus": None if vcpus is None else int(vcpus),
+        "os": instance.os,
+        "pnode": instance.pnode,
+    }
 
 
 def disks_differ(expected: list[dict[str, Any]] | None, instance: Instance) -> str | None:
@@ -110,10 +141,43 @@ def disks_differ(expected: list[dict[str, Any]] | None, instance: Instance) -> s
     return None
 
 
-def tags_differ(expected: list[str] | None, instance: Instance) -> str | None:
+def observed_changes(
+    rows: Mapping[str, StoredInstance],
+    instances: Mapping[str, Instance],
+    *,
+    held: Mapping[str, Collection[str]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """name -> :func:`observed_values` for each row (not DESTROYED) whose stored values differ.
+
+    ``held``: name -> fields left out (a ``nics`` or ``disks`` drift not fixed stays reported
+    until its fix is asked for, so its stored expectation is not overwritten).
+    """
+    held = held or {}
+    changes = {}
+    for name, row in rows.items():
+        instance = instances.get(name)
+        if instance is None or row.status is InstanceStatus.DESTROYED:
+            continue
+        values = observed_values(instance)
+        for key in held.get(name, ()):
+            values.pop(key, None)
+        if any(getattr(row, key) != value for key, value in values.items()):
+            changes[name] = values
+    return changes
+
+
+def our_tags(tags: Iterable[str], namespace: str | None) -> list[str]:
+    """The tags under ``namespace`` (``[ownership] tag_namespace``; None: all), sorted.
+
+    Only these are the control plane's to store and compare: an operator's other tags
+    on an instance in Ganeti are neither copied into the database nor a drift."""
+    return sorted({tag for tag in tags if namespace is None or tag.startswith(namespace)})
+
+
+def tags_differ(expected: list[str] | None, instance: Instance, namespace: str | None = None) -> str | None:
     if expected is None:
         return None
-    want, have = set(expected), set(instance.tags)
+    want, have = set(our_tags(expected, namespace)), set(our_tags(instance.tags, namespace))
     if want == have:
         return None
     parts = []
@@ -124,13 +188,13 @@ def tags_differ(expected: list[str] | None, instance: Instance) -> str | None:
     return "; ".join(parts)
 
 
-def expectation(spec: InstanceSpec, tags: list[str]) -> dict[str, Any]:
-    """The columns the facade records for a new instance."""
+def expectation(spec: InstanceSpec, tags: list[str], tag_namespace: str | None = None) -> dict[str, Any]:
+    """The columns the facade records for a new instance (of ``tags``, those under ``tag_namespace``)."""
     return {
         "os": spec.os,
         "disk_template": spec.disk_template,
         "beparams": expected_beparams(spec.beparams),
         "nics": expected_nics(spec.nics),
         "disks": expected_disks(spec.disks),
-        "tags": sorted(set(tags)),
+        "tags": our_tags(tags, tag_namespace),
     }

@@ -18,8 +18,9 @@ Rules, in the words of the drift kinds:
 * ``building``: an instance in BUILD whose create job (recorded, or else a create of
   that name in Ganeti's listing) is still running is no drift; one whose create job
   succeeded, failed, was canceled or is gone is. The fix: STARTED or STOPPED as Ganeti
-  runs the instance; ERROR when the job failed or was canceled, or when Ganeti has
-  neither the job nor the instance. An instance in BUILD with no create job recorded
+  runs the instance; DESTROYED when the job was canceled (before it ran: the instance
+  never existed, as when the watcher stores the job's end); ERROR when the job failed,
+  or when Ganeti has neither the job nor the instance. An instance in BUILD with no create job recorded
   nor seen gets ``build_grace`` seconds (the facade records the job right after
   submitting it) before it is a drift.
 * ``operstate``: Ganeti's state is STARTED when ``admin_state`` is ``up`` and the
@@ -56,6 +57,7 @@ from synnefo_ganeti.reconcile._observe import (
     observed_beparams,
     observed_disks,
     observed_nics,
+    our_tags,
     tags_differ,
 )
 from synnefo_ganeti.store import InstanceStatus, StoredInstance, StoredJob
@@ -131,6 +133,8 @@ class GanetiSnapshot:
     looked_up: dict[int, Job | None] = field(default_factory=dict)
     owned: frozenset[str] = frozenset()
     taken_at: float = field(default_factory=time.time)
+    #: ``[ownership] tag_namespace``: only tags under it are compared (None: every tag)
+    tag_namespace: str | None = None
 
     def job(self, job_id: int) -> Job | None:
         """The job from the listing or the lookups; ``None`` when unknown or not asked."""
@@ -279,7 +283,7 @@ def plan(
                     )
                 )  # fmt: skip
             continue
-        drifts.extend(_compare(row, observed))
+        drifts.extend(_compare(row, observed, gnt.tag_namespace))
 
     for name, observed in gnt.instances.items():
         if name not in gnt.owned or name in busy:
@@ -319,6 +323,10 @@ def _building(
             target = ganeti_state(observed) if observed is not None else InstanceStatus.ERROR
             where = f"Ganeti has it {target}" if observed is not None else "Ganeti no longer has the instance"
             detail = f"BUILD in the database, its create job {job.id} succeeded ({where})"
+        elif job.status is JobStatus.CANCELED:
+            # canceled before it ran: the instance never existed (as the job's end applied says)
+            target = InstanceStatus.DESTROYED
+            detail = f"BUILD in the database, its create job {job.id} was canceled"
         else:
             target = InstanceStatus.ERROR
             detail = f"BUILD in the database, its create job {job.id} ended in {job.status}"
@@ -347,7 +355,7 @@ def _building(
     )  # fmt: skip
 
 
-def _compare(row: StoredInstance, observed: Instance) -> list[Drift]:
+def _compare(row: StoredInstance, observed: Instance, tag_namespace: str | None = None) -> list[Drift]:
     backend, name = row.backend, row.name
     drifts: list[Drift] = []
     state = ganeti_state(observed)
@@ -383,9 +391,8 @@ def _compare(row: StoredInstance, observed: Instance) -> list[Drift]:
         drifts.append(
             Drift(DriftKind.DISKS, backend, name, disks, values={"disks": observed_disks(observed)})
         )
-    tags = tags_differ(row.tags, observed)
+    tags = tags_differ(row.tags, observed, tag_namespace)  # only ours: under [ownership] tag_namespace
     if tags is not None:
-        drifts.append(
-            Drift(DriftKind.TAGS, backend, name, f"tags {tags}", values={"tags": sorted(set(observed.tags))})
-        )
+        ours = our_tags(observed.tags, tag_namespace)
+        drifts.append(Drift(DriftKind.TAGS, backend, name, f"tags {tags}", values={"tags": ours}))
     return drifts

@@ -26,6 +26,7 @@ from synnefo_ganeti.errors import GanetiError, JobNotFoundError
 from synnefo_ganeti.jobs import JobFile, JobStatus, LogLine, OpState, op_instance
 from synnefo_ganeti.metrics import DRIFT_FOUND
 from synnefo_ganeti.rapi import Job, RapiClient
+from synnefo_ganeti.reconcile._observe import observed_changes
 from synnefo_ganeti.reconcile._plan import (
     BUILD_GRACE,
     DbSnapshot,
@@ -35,7 +36,7 @@ from synnefo_ganeti.reconcile._plan import (
     GanetiSnapshot,
     plan,
 )
-from synnefo_ganeti.store import InstanceStatus, JobVersion, Store
+from synnefo_ganeti.store import InstanceStatus, JobVersion, Store, record_observed
 
 if TYPE_CHECKING:
     from synnefo_ganeti.config import BackendSettings, Settings
@@ -67,6 +68,8 @@ class BackendReport:
     error: str | None = None
     drifts: list[Drift] = field(default_factory=list)
     duration: float = 0.0
+    #: rows that took Ganeti's values this pass (NICs, disks, memory, vcpus, os, pnode)
+    observed: int = 0
 
     __json_fields__ = ("name", "ok", "error", "drifts")
 
@@ -130,6 +133,7 @@ async def snapshot_ganeti(
     *,
     owns: Callable[[str, list[str]], bool] | None = None,
     lookup_concurrency: int = 8,
+    tag_namespace: str | None = None,
 ) -> GanetiSnapshot:
     """Ganeti's instances and jobs (fetched concurrently), then the lookups the database needs.
 
@@ -168,6 +172,7 @@ async def snapshot_ganeti(
         looked_up=looked_up,
         owned=owned,
         taken_at=taken_at,
+        tag_namespace=tag_namespace,
     )
 
 
@@ -341,7 +346,11 @@ class Reconciler(BackendResources):
         async with self._db_reads:
             db = await snapshot_db(self.store, backend)
         gnt = await snapshot_ganeti(
-            client, db, owns=self.settings.ownership.owns, lookup_concurrency=self.lookup_concurrency
+            client,
+            db,
+            owns=self.settings.ownership.owns,
+            lookup_concurrency=self.lookup_concurrency,
+            tag_namespace=self.settings.ownership.tag_namespace,
         )
         return db, gnt
 
@@ -352,6 +361,7 @@ class Reconciler(BackendResources):
         started = time.monotonic()
         timeout = self.settings.reconcile_timeout(backend)
         drifts: list[Drift] = []  # kept when the fixes fail: what was found is still reported
+        observed_count = 0
         try:
             async with asyncio.timeout(timeout):
                 db, gnt = await self.snapshots(backend)
@@ -362,6 +372,17 @@ class Reconciler(BackendResources):
                 async with asyncio.timeout(timeout):
                     await apply(
                         drifts, fixes, store=self.store, clients=self._clients, delete_orphans=delete_orphans
+                    )
+            # what Ganeti made, stored; but a nics or disks drift not fixed stays as it is
+            held: dict[str, set[str]] = {}
+            for drift in drifts:
+                if drift.instance and not drift.fixed and drift.kind in (DriftKind.NICS, DriftKind.DISKS):
+                    held.setdefault(drift.instance, set()).add(drift.kind.value)
+            observed = observed_changes(db.instances, gnt.instances, held=held)
+            if observed:
+                async with asyncio.timeout(timeout):
+                    observed_count = await record_observed(
+                        self.store, backend, observed, taken_at=gnt.taken_at
                     )
         except TimeoutError:
             error = f"backend {backend}: no answer within {timeout:g} s (timeout)"
@@ -375,7 +396,9 @@ class Reconciler(BackendResources):
             error = f"backend {backend}: unexpected {_reason(exc)}"
             log.exception("%s", error)
             return BackendReport(backend, False, error, drifts, time.monotonic() - started)
-        return BackendReport(backend, ok=True, drifts=drifts, duration=time.monotonic() - started)
+        return BackendReport(
+            backend, ok=True, drifts=drifts, duration=time.monotonic() - started, observed=observed_count
+        )
 
     async def run_once(
         self,

@@ -8,6 +8,7 @@ database); :meth:`Store.put` queues job-file versions for its one batching write
 from __future__ import annotations
 
 from synnefo_ganeti.errors import RequestNotHeldError
+from synnefo_ganeti.store._changes import Change
 from synnefo_ganeti.store._instances import (
     InstanceAction,
     InstanceStatus,
@@ -15,6 +16,7 @@ from synnefo_ganeti.store._instances import (
     instance_status_after,
 )
 from synnefo_ganeti.store._migrate import current_revision, head_revision, upgrade
+from synnefo_ganeti.store._observed import OBSERVED_FIELDS, record_observed, store_observed
 from synnefo_ganeti.store._requests import Request, RequestStatus, new_request_id, request_tag
 from synnefo_ganeti.store._settle import is_capacity_error
 from synnefo_ganeti.store._store import (
@@ -31,6 +33,8 @@ from synnefo_ganeti.store._store import (
 from synnefo_ganeti.store._urls import display_url, normalize_url
 
 __all__ = [
+    "OBSERVED_FIELDS",
+    "Change",
     "CommitInfo",
     "InstanceAction",
     "InstanceStatus",
@@ -52,7 +56,9 @@ __all__ = [
     "is_capacity_error",
     "new_request_id",
     "normalize_url",
+    "record_observed",
     "request_tag",
+    "store_observed",
     "upgrade",
     "upgrade_database",
 ]

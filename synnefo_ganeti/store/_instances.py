@@ -12,6 +12,7 @@ All functions here run inside the writer's transaction, on a synchronous connect
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,6 +23,8 @@ from sqlalchemy import Connection, Row, Table, delete, insert, select, update
 from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.errors import ConflictError, NotFoundError
 from synnefo_ganeti.jobs import JobStatus, JobSummary
+from synnefo_ganeti.store._outcomes import instance_unknown, job_message, last_error_after, task_of
+from synnefo_ganeti.store._recorded import notify_job_recorded
 from synnefo_ganeti.store._schema import Backend, Instance, InstanceJob, Job
 from synnefo_ganeti.store._settle import settle_requests
 
@@ -36,6 +39,7 @@ __all__ = [
     "instance_status_after",
     "instances_t",
     "record_job",
+    "row_id_of",
     "stored_final_job",
 ]
 
@@ -87,7 +91,9 @@ def instance_status_after(
 
 @dataclass(frozen=True, slots=True)
 class StoredInstance:
-    id: int
+    #: the public id: a UUID string given when the row is first written (and to each new life
+    #: of its name), never reused; the row's integer key stays inside the store
+    id: str
     backend: str
     name: str
     status: InstanceStatus
@@ -112,8 +118,9 @@ class StoredInstance:
     vcpus: int | None = None
     pnode: str | None = None
 
-    #: what ``--json`` shows: not the row id, nor the time of the last applied job end
+    #: what ``--json`` shows: not the time of the last applied job end
     __json_fields__ = (
+        "id",
         "backend",
         "name",
         "status",
@@ -142,7 +149,7 @@ class StoredInstance:
     @classmethod
     def from_row(cls, row: Row[Any], backend: str) -> StoredInstance:
         return cls(
-            id=row.id,
+            id=row.uuid,
             backend=backend,
             name=row.name,
             status=InstanceStatus(row.status),
@@ -198,6 +205,7 @@ def apply_final_jobs(
                     instances_t.c.status,
                     instances_t.c.beparams,
                     instances_t.c.state_time,
+                    instances_t.c.task_job_id,
                 )
                 .join(instances_t, instances_t.c.id == instance_jobs_t.c.instance_id)
                 .where(
@@ -226,10 +234,19 @@ def _apply_one(conn: Connection, backend_id: int, row: Any, summary: JobSummary,
     )
     action = InstanceAction(row.action)
     end = _end_time(summary)
+    # the end of the job the instance's task waits for frees it (see store/_outcomes.py)
+    task = {"task": None, "task_job_id": None} if row.task_job_id == row.job_id else {}
     if row.state_time is not None and end is not None and end < row.state_time:
-        return 0  # an older job's end arriving late: the instance moved on since
-    values: dict[str, Any] = {}
+        if task:  # an older job's end arriving late: the instance moved on since
+            conn.execute(update(instances_t).where(instances_t.c.id == row.instance_id).values(**task))
+        return 0
+    values: dict[str, Any] = {**task, **last_error_after(action.value, summary, now)}
     new_status = instance_status_after(action, status, start=row.start)
+    gone = action is InstanceAction.REMOVE and status is JobStatus.ERROR
+    if gone and instance_unknown(job_message(summary)):
+        new_status = InstanceStatus.DESTROYED  # Ganeti has no such instance: it is gone
+    if new_status is InstanceStatus.DESTROYED:
+        values.update(task=None, task_job_id=None)
     if new_status is not None and new_status.value != row.status:
         values["status"] = new_status.value
     if action is InstanceAction.MODIFY and status is JobStatus.SUCCESS and row.params:
@@ -254,6 +271,11 @@ def stored_final_job(conn: Connection, backend_id: int, job_id: int) -> JobSumma
     return summary if summary.status.is_final else None
 
 
+def row_id_of(conn: Connection, instance_id: str) -> int:
+    """The integer key of the row whose public id is ``instance_id`` (inside the store only)."""
+    return int(conn.execute(select(instances_t.c.id).where(instances_t.c.uuid == instance_id)).scalar_one())
+
+
 def get_instance_row(conn: Connection, backend_id: int, backend: str, name: str) -> StoredInstance:
     """The instance ``name`` of ``backend``; :class:`NotFoundError` when the database has none."""
     row = conn.execute(
@@ -270,9 +292,21 @@ def get_instance_row(conn: Connection, backend_id: int, backend: str, name: str)
 def add_instance_row(
     conn: Connection, backend_id: int, backend: str, name: str, values: dict[str, Any]
 ) -> StoredInstance:
-    """A new row, or a new life for a DESTROYED or ERROR one; :class:`ConflictError` otherwise."""
+    """A new row, or a new life for a DESTROYED or ERROR one; :class:`ConflictError` otherwise.
+
+    Each life gets a new public id: whoever held the earlier life's id (its request) does
+    not find the new instance under it."""
     now = datetime.now(UTC)
-    values = {**values, "create_job_id": None, "state_time": None, "updated_at": now}
+    values = {
+        **values,
+        "uuid": str(uuid.uuid4()),
+        "create_job_id": None,
+        "state_time": None,
+        "task": None,
+        "task_job_id": None,
+        "last_error": None,
+        "updated_at": now,
+    }
     where = (instances_t.c.backend_id == backend_id, instances_t.c.name == name)
     row = conn.execute(select(instances_t.c.id, instances_t.c.status).where(*where)).first()
     if row is None:
@@ -316,17 +350,24 @@ def record_job(
             insert(instance_jobs_t).values(
                 backend_id=backend_id,
                 job_id=job_id,
-                instance_id=instance.id,
+                instance_id=row_id_of(conn, instance.id),
                 action=action.value,
                 start=start,
                 params=params,
                 recorded_at=now,
             )
         )
+        notify_job_recorded(conn, backend)  # the dispatcher follows it (backends without a watcher)
+        # the action is in progress until this job's end is applied (store/_outcomes.py)
+        conn.execute(
+            update(instances_t)
+            .where(instances_t.c.uuid == instance.id)
+            .values(task=task_of(action.value), task_job_id=job_id)
+        )
     if action is InstanceAction.CREATE:
         conn.execute(
             update(instances_t)
-            .where(instances_t.c.id == instance.id)
+            .where(instances_t.c.uuid == instance.id)
             .values(create_job_id=job_id, updated_at=now)
         )
     summary = stored_final_job(conn, backend_id, job_id)

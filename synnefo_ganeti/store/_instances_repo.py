@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
@@ -30,10 +30,22 @@ from synnefo_ganeti.store._instances import (
     instances_t,
     record_job,
 )
+from synnefo_ganeti.store._names import UniqueNames, check_name_free
 from synnefo_ganeti.store._requests import RequestStatus
 from synnefo_ganeti.store._writer import Writer
 
-__all__ = ["Instances"]
+__all__ = ["InstancePage", "Instances"]
+
+
+class InstancePage(TypedDict, total=False):
+    """More of :meth:`Instances.list_instances`: ``name_prefix``, one ``id``, and a page:
+    ``limit`` instances with an id above ``after`` (the last id seen), ordered by id."""
+
+    name_prefix: str | None
+    id: str | None
+    limit: int | None
+    after: str | None
+
 
 _UPDATABLE = frozenset(
     {"status", "owned", "os", "disk_template", "beparams", "nics", "disks", "tags", "state_time"}
@@ -46,9 +58,17 @@ class Instances:
         self.backends = backends
         self.writer = writer
 
-    async def add(self, backend: str, name: str, values: dict[str, Any]) -> StoredInstance:
+    async def add(
+        self, backend: str, name: str, values: dict[str, Any], *, unique_names: UniqueNames | None = None
+    ) -> StoredInstance:
         backend_id = await self.backends.ensure(backend)
-        return await self.writer.call(lambda conn: add_instance_row(conn, backend_id, backend, name, values))
+
+        def run(conn: Connection) -> StoredInstance:
+            if unique_names is not None:
+                check_name_free(conn, name, backend=backend, unique_names=unique_names)
+            return add_instance_row(conn, backend_id, backend, name, values)
+
+        return await self.writer.call(run)
 
     async def record_job(
         self,
@@ -77,12 +97,20 @@ class Instances:
 
         def run(conn: Connection) -> StoredInstance:
             instance = get_instance_row(conn, backend_id, backend, name)
+            new_status = values.get("status")
+            # a build settled without its job's end, or an instance gone: nothing is in progress
+            done = new_status == InstanceStatus.DESTROYED or (
+                instance.task == "build" and new_status not in (None, InstanceStatus.BUILD)
+            )
             conn.execute(
                 update(instances_t)
-                .where(instances_t.c.id == instance.id)
-                .values(**values, updated_at=datetime.now(UTC))
+                .where(instances_t.c.uuid == instance.id)
+                .values(
+                    **values,
+                    **({"task": None, "task_job_id": None} if done else {}),
+                    updated_at=datetime.now(UTC),
+                )
             )
-            new_status = values.get("status")
             if instance.status is InstanceStatus.BUILD and new_status and instance.create_job_id is not None:
                 _settle.settle_by_instance(conn, backend_id, instance.create_job_id, new_status)
             return get_instance_row(conn, backend_id, backend, name)
@@ -95,13 +123,25 @@ class Instances:
         backend: str | None = None,
         name: str | None = None,
         status: Iterable[InstanceStatus | str] | None = None,
+        **page: Unpack[InstancePage],
     ) -> list[StoredInstance]:
+        prefix, instance_id = page.get("name_prefix"), page.get("id")
+        limit, after = page.get("limit"), page.get("after")
+
         async def run(conn: AsyncConnection) -> list[StoredInstance]:
-            query = (
-                select(instances_t, backends_t.c.name.label("backend"))
-                .join(backends_t, backends_t.c.id == instances_t.c.backend_id)
-                .order_by(backends_t.c.name, instances_t.c.name)
+            query = select(instances_t, backends_t.c.name.label("backend")).join(
+                backends_t, backends_t.c.id == instances_t.c.backend_id
             )
+            if limit is not None or after is not None:
+                query = query.order_by(instances_t.c.uuid).limit(limit)
+            else:
+                query = query.order_by(backends_t.c.name, instances_t.c.name)
+            if after is not None:
+                query = query.where(instances_t.c.uuid > after)
+            if instance_id is not None:
+                query = query.where(instances_t.c.uuid == instance_id)
+            if prefix:
+                query = query.where(instances_t.c.name.startswith(prefix, autoescape=True))
             if backend is not None:
                 query = query.where(backends_t.c.name == backend)
             if name is not None:
@@ -156,8 +196,8 @@ class Instances:
             now = datetime.now(UTC)
             conn.execute(
                 update(instances_t)
-                .where(instances_t.c.id == instance.id)
-                .values(status=InstanceStatus.DESTROYED.value, updated_at=now)
+                .where(instances_t.c.uuid == instance.id)
+                .values(status=InstanceStatus.DESTROYED.value, task=None, task_job_id=None, updated_at=now)
             )
             conn.execute(
                 update(instance_jobs_t)

@@ -31,6 +31,7 @@ from sqlalchemy import Connection, Row, Table, delete, func, insert, select, upd
 
 from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.errors import ConflictError, InvalidError, NotFoundError, RequestNotHeldError
+from synnefo_ganeti.store._names import UniqueNames, check_name_free, request_differences
 from synnefo_ganeti.store._schema import Backend, CreateRequest, Instance, InstanceJob
 
 __all__ = [
@@ -78,6 +79,8 @@ class Request:
     ``backend`` is where it was placed (None before); ``instance`` the instance's name;
     ``job_id`` the create job once submitted; ``error`` why it failed or was canceled.
     ``placed`` (pending with a backend) means a create may have reached Ganeti.
+    ``instance_id`` is the id of the instance row it placed (its own, even after the name
+    is reused by another instance); None while not placed.
     """
 
     id: str
@@ -96,6 +99,7 @@ class Request:
     updated_at: datetime
     submitted_at: datetime | None
     finished_at: datetime | None
+    instance_id: str | None = None
 
     @property
     def is_final(self) -> bool:
@@ -109,6 +113,7 @@ class Request:
         "id",
         "status",
         "instance",
+        "instance_id",
         "backend",
         "job_id",
         "error",
@@ -146,6 +151,7 @@ class Request:
             updated_at=row.updated_at,
             submitted_at=row.submitted_at,
             finished_at=row.finished_at,
+            instance_id=row.instance_uuid,
         )
 
 
@@ -176,16 +182,23 @@ def add(
     name: str,
     spec: dict[str, Any],
     want_backend: str | None,
+    unique_names: UniqueNames | None = None,
 ) -> tuple[Request, bool]:
-    """Insert a pending request; an id already there is returned as is (False: not new)."""
+    """Insert a pending request; the same id with the same request is returned as is (False:
+    not new), with another a :class:`ConflictError` naming the fields that differ. With
+    ``unique_names``, a name another instance or open request holds is a ConflictError."""
     existing = get(conn, request_id)
     if existing is not None:
-        if existing.instance != name:
+        before = (existing.instance, existing.spec, existing.want_backend)
+        differ = request_differences(*before, name=name, spec=spec, backend=want_backend)
+        if differ:
             raise ConflictError(
-                f"request {request_id} already exists for instance {existing.instance}, not {name}; "
-                "a request id names one create (leave it out to get a new one)"
+                f"request {request_id} already exists with another {', '.join(differ)}; a request id "
+                "names one create: send the same request again, or leave the id out to get a new one"
             )
         return existing, False
+    if unique_names is not None:
+        check_name_free(conn, name, backend=want_backend, unique_names=unique_names)
     now = datetime.now(UTC)
     conn.execute(
         insert(requests_t).values(
@@ -348,7 +361,7 @@ def unplace(conn: Connection, request_id: str, dispatcher: str, *, error: str | 
     conn.execute(
         update(requests_t)
         .where(requests_t.c.id == request_id)
-        .values(backend_id=None, error=error, updated_at=datetime.now(UTC))
+        .values(backend_id=None, instance_uuid=None, error=error, updated_at=datetime.now(UTC))
     )
     return must_get(conn, request_id)
 
@@ -401,20 +414,26 @@ def list_requests(
     backend_id: int | None = None,
     limit: int | None = None,
     newest_first: bool = True,
+    name_prefix: str | None = None,
+    after: str | None = None,
+    by_id: bool = False,
 ) -> list[Request]:
+    """Requests newest first (or oldest first); by id with ``by_id`` or ``after`` (ids above it)."""
     query = select_requests()
     if statuses:
         query = query.where(requests_t.c.status.in_([s.value for s in statuses]))
     if backend_id is not None:
         query = query.where(requests_t.c.backend_id == backend_id)
-    order = (
-        (requests_t.c.created_at.desc(), requests_t.c.id.desc())
-        if newest_first
-        else (
-            requests_t.c.created_at,
-            requests_t.c.id,
-        )
-    )
+    if name_prefix:
+        query = query.where(requests_t.c.name.startswith(name_prefix, autoescape=True))
+    if after is not None:
+        query = query.where(requests_t.c.id > after)
+    if by_id or after is not None:
+        order: tuple[Any, ...] = (requests_t.c.id,)
+    elif newest_first:
+        order = (requests_t.c.created_at.desc(), requests_t.c.id.desc())
+    else:
+        order = (requests_t.c.created_at, requests_t.c.id)
     query = query.order_by(*order)
     if limit is not None:
         query = query.limit(limit)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
@@ -26,10 +26,20 @@ from synnefo_ganeti.store._instances import (
     instances_t,
     record_job,
 )
+from synnefo_ganeti.store._names import UniqueNames, check_name_free
 from synnefo_ganeti.store._requests import Request, RequestStatus
 from synnefo_ganeti.store._writer import Writer
 
-__all__ = ["Requests"]
+__all__ = ["RequestPage", "Requests"]
+
+
+class RequestPage(TypedDict, total=False):
+    """More of :meth:`Requests.list_requests`: ``name_prefix``, and a page ordered by id
+    (``by_id``, or ``after``: only the requests with an id above the last one seen)."""
+
+    name_prefix: str | None
+    after: str | None
+    by_id: bool
 
 
 class Requests:
@@ -39,11 +49,19 @@ class Requests:
         self.writer = writer
 
     async def add(
-        self, spec: dict[str, Any], *, name: str, backend: str | None, request_id: str | None
+        self,
+        spec: dict[str, Any],
+        *,
+        name: str,
+        backend: str | None,
+        request_id: str | None,
+        unique_names: UniqueNames | None = None,
     ) -> tuple[Request, bool]:
         rid = request_id or _requests.new_request_id()
         return await self.writer.call(
-            lambda conn: _requests.add(conn, request_id=rid, name=name, spec=spec, want_backend=backend)
+            lambda conn: _requests.add(
+                conn, request_id=rid, name=name, spec=spec, want_backend=backend, unique_names=unique_names
+            )
         )
 
     async def get(self, request_id: str) -> Request | None:
@@ -56,6 +74,7 @@ class Requests:
         backend: str | None,
         limit: int | None,
         newest_first: bool,
+        **page: Unpack[RequestPage],
     ) -> list[Request]:
         statuses = [RequestStatus(s) for s in status] if status is not None else None
         backend_id = None
@@ -65,7 +84,14 @@ class Requests:
                 return []
         return await self.db.call_read(
             lambda conn: _requests.list_requests(
-                conn, statuses=statuses, backend_id=backend_id, limit=limit, newest_first=newest_first
+                conn,
+                statuses=statuses,
+                backend_id=backend_id,
+                limit=limit,
+                newest_first=newest_first,
+                name_prefix=page.get("name_prefix"),
+                after=page.get("after"),
+                by_id=page.get("by_id", False),
             )
         )
 
@@ -91,15 +117,31 @@ class Requests:
         return await self.writer.call(lambda conn: _requests.release(conn, dispatcher), exclusive=False)
 
     async def place(
-        self, request_id: str, dispatcher: str, backend: str, instance: dict[str, Any]
+        self,
+        request_id: str,
+        dispatcher: str,
+        backend: str,
+        instance: dict[str, Any],
+        *,
+        unique_names: UniqueNames | None = None,
     ) -> Request:
         backend_id = await self.backends.ensure(backend)
 
         def run(conn: Connection) -> Request:
-            placed_before = _requests.must_get(conn, request_id).backend == backend
+            before = _requests.must_get(conn, request_id)
+            placed_before = before.backend == backend
+            if unique_names is not None:
+                check_name_free(
+                    conn,
+                    before.instance,
+                    backend=backend,
+                    unique_names=unique_names,
+                    exclude_request=request_id,
+                    exclude_instance=before.instance_id,
+                )
             request = _requests.place(conn, request_id, dispatcher, backend_id)
             existing = conn.execute(
-                select(instances_t.c.status, instances_t.c.create_job_id).where(
+                select(instances_t.c.uuid, instances_t.c.status, instances_t.c.create_job_id).where(
                     instances_t.c.backend_id == backend_id, instances_t.c.name == request.instance
                 )
             ).first()
@@ -112,8 +154,16 @@ class Requests:
                 or existing.create_job_id is not None
             ):
                 values = {"status": InstanceStatus.BUILD.value, "owned": True, **instance}
-                add_instance_row(conn, backend_id, backend, request.instance, values)
-            return request
+                instance_id = add_instance_row(conn, backend_id, backend, request.instance, values).id
+            else:
+                instance_id = existing.uuid
+            # the request points at its own instance row, whatever later lives of its name do
+            conn.execute(
+                update(_requests.requests_t)
+                .where(_requests.requests_t.c.id == request_id)
+                .values(instance_uuid=instance_id)
+            )
+            return _requests.must_get(conn, request_id)
 
         return await self.writer.call(run)
 

@@ -65,7 +65,9 @@ def settle_by_instance(conn: Connection, backend_id: int, job_id: int, instance_
     """The reconciler settled a BUILD instance without the job's end: the request follows."""
     if instance_status in ("STARTED", "STOPPED"):
         status, error = RequestStatus.SUCCEEDED, None
-    elif instance_status in ("ERROR", "DESTROYED"):
+    elif instance_status == "DESTROYED":  # a BUILD settled DESTROYED: its create was canceled
+        status, error = RequestStatus.CANCELED, f"job {job_id} was canceled"
+    elif instance_status == "ERROR":
         status, error = RequestStatus.FAILED, f"the reconciler found the instance {instance_status}"
     else:
         return

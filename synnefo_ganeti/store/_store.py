@@ -19,19 +19,22 @@ could not do it (unreachable, locked by another process, another schema).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, Unpack
 
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from synnefo_ganeti.jobs import JobFile, JobStatus
+from synnefo_ganeti.store import _recorded
 from synnefo_ganeti.store._backends import Backends
+from synnefo_ganeti.store._changes import Change, Changes
 from synnefo_ganeti.store._engine import Database, upgrade_database
 from synnefo_ganeti.store._events import Events
 from synnefo_ganeti.store._instances import InstanceAction, InstanceStatus, StoredInstance
-from synnefo_ganeti.store._instances_repo import Instances
+from synnefo_ganeti.store._instances_repo import InstancePage, Instances
 from synnefo_ganeti.store._jobs import Jobs
 from synnefo_ganeti.store._models import (
     CommitInfo,
@@ -42,8 +45,9 @@ from synnefo_ganeti.store._models import (
     StoredOp,
     WriterStats,
 )
+from synnefo_ganeti.store._names import UniqueNames
 from synnefo_ganeti.store._requests import Request, RequestStatus
-from synnefo_ganeti.store._requests_repo import Requests
+from synnefo_ganeti.store._requests_repo import RequestPage, Requests
 from synnefo_ganeti.store._writer import Writer
 
 __all__ = [
@@ -93,6 +97,7 @@ class Store:
         self._backends = Backends(db, self._writer)
         self._jobs = Jobs(db, self._backends)
         self._events = Events(db, self._backends, self._writer, poll_interval=poll_interval)
+        self._changes = Changes(db, self._writer, poll_interval=poll_interval)
         self._instances = Instances(db, self._backends, self._writer)
         self._requests = Requests(db, self._backends, self._writer)
         self._open = False
@@ -136,7 +141,7 @@ class Store:
 
     @poll_interval.setter
     def poll_interval(self, value: float) -> None:
-        self._events.poll_interval = value
+        self._events.poll_interval = self._changes.poll_interval = value
 
     @property
     def stats(self) -> WriterStats:
@@ -239,6 +244,22 @@ class Store:
         """
         return self._events.follow(since, backend=backend, job_id=job_id, follow=follow)
 
+    # -- the change feed (rows written by triggers; see _changes) ---------------------------------
+    async def list_changes(self, *, after: int = 0, limit: int | None = 1000) -> list[Change]:
+        """The changes with an id above ``after``, in id order, at most ``limit``."""
+        return await self._changes.list_changes(after=after, limit=limit)
+
+    async def last_change_id(self) -> int:
+        return await self._changes.last_id()
+
+    def changes(self, since: int | None = None) -> AsyncGenerator[Change, None]:
+        """Every change after id ``since`` (None: from now on), forever; woken as events() is."""
+        return self._changes.follow(since)
+
+    @property
+    def feed(self) -> Changes:  # the repository: waiter(), cursor(name), advance(name, id)
+        return self._changes
+
     async def prune(self, older_than: timedelta) -> PruneResult:
         """Delete jobs that ended more than ``older_than`` ago (with their events), and the
         events of other ended jobs stored before then. Unfinished jobs and their events stay."""
@@ -293,9 +314,11 @@ class Store:
         nics: list[dict[str, Any]] | None = None,
         disks: list[dict[str, Any]] | None = None,
         tags: list[str] | None = None,
+        unique_names: UniqueNames | None = None,
     ) -> StoredInstance:
         """Write an instance row (BUILD by default). A name whose instance was DESTROYED or
-        ended in ERROR starts a new life; any other existing row is a :class:`ConflictError`."""
+        ended in ERROR starts a new life; any other existing row is a :class:`ConflictError`,
+        as is (``unique_names``) the name held on another backend or by an open request."""
         values = {
             "status": InstanceStatus(status).value,
             "owned": owned,
@@ -306,7 +329,7 @@ class Store:
             "disks": disks,
             "tags": tags,
         }
-        return await self._instances.add(backend, name, values)
+        return await self._instances.add(backend, name, values, unique_names=unique_names)
 
     async def record_instance_job(
         self,
@@ -328,8 +351,11 @@ class Store:
         """Set columns of one instance (the reconciler's DB-side fixes)."""
         return await self._instances.update(backend, name, values)
 
-    async def get_instance(self, backend: str, name: str) -> StoredInstance | None:
-        found = await self.list_instances(backend=backend, name=name)
+    async def get_instance(
+        self, backend: str | None, name: str | None, *, id: str | None = None
+    ) -> StoredInstance | None:
+        """The instance ``name`` of ``backend``, or (``id``) the one with that id; None: none."""
+        found = await self.list_instances(backend=backend, name=name, id=id)
         return found[0] if found else None
 
     async def list_instances(
@@ -338,9 +364,10 @@ class Store:
         backend: str | None = None,
         name: str | None = None,
         status: Iterable[InstanceStatus | str] | None = None,
+        **page: Unpack[InstancePage],
     ) -> list[StoredInstance]:
-        """Instances ordered by backend and name."""
-        return await self._instances.list_instances(backend=backend, name=name, status=status)
+        """Instances ordered by backend and name; by id with ``limit`` or ``after`` (the last id seen)."""
+        return await self._instances.list_instances(backend=backend, name=name, status=status, **page)
 
     async def instance_jobs(self, backend: str, name: str) -> list[dict[str, Any]]:
         """The jobs recorded for an instance: job_id, action, recorded_at, applied_at, result."""
@@ -349,6 +376,14 @@ class Store:
     async def unapplied_jobs(self, backend: str) -> list[int]:
         """Jobs recorded against instances of ``backend`` whose end is not applied yet (oldest first)."""
         return await self._instances.unapplied_jobs(backend)
+
+    async def unapplied_jobs_by_backend(self, backends: Iterable[str] | None = None) -> dict[str, list[int]]:
+        """Backend -> its recorded jobs whose end is not applied yet (oldest first), in one read."""
+        return await _recorded.unapplied_jobs(self._db, backends)
+
+    def listen_jobs(self) -> AbstractAsyncContextManager[_recorded.JobSignal | None]:
+        """PostgreSQL: a signal set whenever any process records a job; SQLite: None (poll)."""
+        return _recorded.listen_jobs(self._db)
 
     async def destroy_unbuilt(
         self, backend: str, name: str, job_id: int, result: JobStatus, *, error: str | None = None
@@ -368,9 +403,12 @@ class Store:
         name: str,
         backend: str | None = None,
         request_id: str | None = None,
+        unique_names: UniqueNames | None = None,
     ) -> tuple[Request, bool]:
-        """Write a pending create request; (request, True) or, for an id already there, (it, False)."""
-        return await self._requests.add(spec, name=name, backend=backend, request_id=request_id)
+        """A pending create request: (request, True), or for the same request again (it, False)."""
+        return await self._requests.add(
+            spec, name=name, backend=backend, request_id=request_id, unique_names=unique_names
+        )
 
     async def get_request(self, request_id: str) -> Request | None:  # None: no such request
         return await self._requests.get(request_id)
@@ -382,9 +420,11 @@ class Store:
         backend: str | None = None,
         limit: int | None = None,
         newest_first: bool = True,
+        **page: Unpack[RequestPage],
     ) -> list[Request]:
+        """Newest first (or oldest); by id with ``by_id`` or ``after`` (the last id seen)."""
         return await self._requests.list_requests(
-            status=status, backend=backend, limit=limit, newest_first=newest_first
+            status=status, backend=backend, limit=limit, newest_first=newest_first, **page
         )
 
     async def request_counts(
@@ -410,11 +450,19 @@ class Store:
         return await self._requests.release(dispatcher)
 
     async def place_request(
-        self, request_id: str, dispatcher: str, backend: str, instance: dict[str, Any]
+        self,
+        request_id: str,
+        dispatcher: str,
+        backend: str,
+        instance: dict[str, Any],
+        *,
+        unique_names: UniqueNames | None = None,
     ) -> Request:
         """Before sending the create: the backend chosen, an attempt counted, the instance row
-        (BUILD, ``instance`` = its add_instance fields) added, in one transaction."""
-        return await self._requests.place(request_id, dispatcher, backend, instance)
+        (BUILD, ``instance`` = its add_instance fields) added, its id on the request: one transaction."""
+        return await self._requests.place(
+            request_id, dispatcher, backend, instance, unique_names=unique_names
+        )
 
     async def unplace_request(self, request_id: str, dispatcher: str, *, error: str | None = None) -> Request:
         """Ganeti certainly got nothing: forget the backend and the BUILD row (placed anew later)."""

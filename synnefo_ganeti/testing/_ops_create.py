@@ -174,6 +174,22 @@ async def instance_create(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
     await _exec(cluster, job, op, node.name, maxmem, custom, disks)
 
 
+def _nic(nic: dict[str, Any], link: str) -> dict[str, Any]:
+    """``ComputeNics`` (cmdlib/instance_utils.py): a MAC given is kept (lower case), ``auto`` or
+    ``generate`` (the default) makes one; an IP ``none`` is no IP."""
+    mac = str(nic.get("mac") or "auto")
+    ip = nic.get("ip")
+    return {
+        "mac": new_mac() if mac in ("auto", "generate") else mac.lower(),
+        "uuid": str(uuid.uuid4()),
+        "mode": nic.get("mode") or "bridged",
+        "link": nic.get("link") or link,
+        "ip": None if ip is None or str(ip).lower() == "none" else ip,
+        "name": nic.get("name"),
+        "network": nic.get("network"),
+    }
+
+
 async def _exec(cluster: FakeCluster, job: FakeJob, op: FakeOp, node: str, maxmem: int,
                 custom: dict[str, Any], disks: list[dict[str, Any]]) -> None:  # fmt: skip
     """``LUInstanceCreate.Exec``: disks under the locks, then OS scripts and start without them."""
@@ -199,9 +215,7 @@ async def _exec(cluster: FakeCluster, job: FakeJob, op: FakeOp, node: str, maxme
         name=name, pnode=node, os=str(p.get("os_type")), disk_template=str(p.get("disk_template")),
         hypervisor=str(p.get("hypervisor") or cluster.hypervisor), beparams=full,
         custom_beparams={k: v for k, v in custom.items() if k != "memory"},
-        nics=[{"mac": new_mac(), "uuid": str(uuid.uuid4()), "mode": nic.get("mode", "bridged"),
-               "link": nic.get("link", cluster.link), "ip": nic.get("ip"), "name": nic.get("name"),
-               "network": nic.get("network")} for nic in p.get("nics") or []],
+        nics=[_nic(nic, cluster.link) for nic in p.get("nics") or []],
         disks=[{"size": d["size"], "uuid": str(uuid.uuid4()), "name": d.get("name")} for d in disks],
         tags=list(p.get("tags") or []), hvparams=dict(p.get("hvparams") or {}),
         admin_state="up" if p.get("start", True) else "down", oper_state=False,

@@ -65,7 +65,7 @@ async def test_create_and_manage_an_instance(tmp_path, db_url) -> None:
         instance, job_id = await cp.create_instance(spec("vm1.fake.test", tags=["team:a"]), backend="f1")
         assert instance.status is InstanceStatus.BUILD and instance.create_job_id == job_id
         assert instance.beparams == {"maxmem": 256, "minmem": 256, "vcpus": 2}
-        assert instance.tags == ["synnefo-ganeti:owned", "team:a"]
+        assert instance.tags == ["synnefo-ganeti:owned"]  # only tags under [ownership] tag_namespace
         assert instance.nics == [{}] and instance.disks == []
         await until(cp, "vm1.fake.test", InstanceStatus.STARTED)
         # the create went to Ganeti with the ownership tag
@@ -76,6 +76,12 @@ async def test_create_and_manage_an_instance(tmp_path, db_url) -> None:
         await cp.startup_instance("vm1.fake.test", backend="f1")
         await until(cp, "vm1.fake.test", InstanceStatus.STARTED)
         reboot = await cp.reboot_instance("vm1.fake.test", backend="f1")
+
+        async def rebooted() -> StoredInstance | None:  # one action at a time: the reboot ends first
+            current = await cp.get_instance("vm1.fake.test", backend="f1")
+            return current if current is not None and current.task is None else None
+
+        await eventually(rebooted, what="the reboot's end applied")
         await cp.modify_instance("vm1.fake.test", backend="f1", beparams={"memory": 512})
 
         async def modified() -> StoredInstance | None:

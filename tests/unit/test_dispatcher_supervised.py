@@ -10,6 +10,7 @@ could not do something (``StoreError``): it tries again; a name taken (``Conflic
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -17,11 +18,16 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 
 from synnefo_ganeti import ControlPlane
+from synnefo_ganeti.config import NotifySettings
 from synnefo_ganeti.daemon import SystemdNotifier
-from synnefo_ganeti.dispatch import Dispatcher, JobTracker
+from synnefo_ganeti.dispatch import Dispatcher, JobTracker, WebhookDeliverer
+from synnefo_ganeti.dispatch._follow import RecordedJobs
+from synnefo_ganeti.dispatch._observe import Observer
 from synnefo_ganeti.errors import ConflictError, StoreError
 from synnefo_ganeti.store import RequestStatus, Store
 from tests.unit.test_dispatcher import backend, fakes, finished, running, settings_for, spec
@@ -34,9 +40,12 @@ ROOT_TASKS: dict[str, tuple[type[Any], str]] = {
     "dispatch node stats": (Dispatcher, "_stats_loop"),
     "dispatch reconciler": (Dispatcher, "_reconcile_loop"),
     "dispatch metrics": (Dispatcher, "_metrics_loop"),
+    "dispatch follow jobs": (RecordedJobs, "run"),
+    "dispatch observer": (Observer, "run"),
     "dispatch health": (Dispatcher, "_health_loop"),
     "dispatch liveness lock": (Dispatcher, "_lock_loop"),  # PostgreSQL only
     "dispatch watchdog": (Dispatcher, "_watchdog_loop"),
+    "dispatch webhook": (WebhookDeliverer, "run"),  # [notify] url set
     "track f1": (JobTracker, "run"),
 }
 
@@ -76,6 +85,7 @@ async def test_a_root_task_that_raises_stops_the_dispatcher(
     root_db_url: str,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
 ) -> None:
     db_url = root_db_url
     gate = asyncio.Event()
@@ -86,7 +96,7 @@ async def test_a_root_task_that_raises_stops_the_dispatcher(
         raise RuntimeError(f"injected fault in {root_task}")
 
     monkeypatch.setattr(owner, method, faulty)
-    async with fakes(1) as (f1,), aiohttp.ClientSession() as http:
+    async with fakes(1) as (f1,), aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
         settings = settings_for(
             db_url,
             [backend("f1", f1)],
@@ -94,6 +104,19 @@ async def test_a_root_task_that_raises_stops_the_dispatcher(
             shutdown_timeout=SHUTDOWN_TIMEOUT,
             placement_timeout=600,
         )
+        if root_task == "dispatch webhook":  # a receiver that answers every change
+
+            async def answer(_request: web.Request) -> web.Response:
+                return web.Response(status=204)
+
+            hook = web.Application()
+            hook.router.add_post("/hook", answer)
+            receiver = await stack.enter_async_context(TestServer(hook, host="127.0.0.1"))
+            secret = tmp_path / "webhook.secret"
+            secret.write_text("hmac-key\n")
+            secret.chmod(0o600)
+            notify = NotifySettings(url=str(receiver.make_url("/hook")), secret_file=secret)
+            settings = settings.model_copy(update={"notify": notify})
         async with Store(db_url) as store, ControlPlane(settings, store=store) as cp:
             notifier = RecordingNotifier()
             d = Dispatcher(settings, store=store, notifier=notifier)
@@ -182,11 +205,11 @@ async def test_a_store_error_while_placing_is_tried_again(
             place = store.place_request
             failures: list[str] = []
 
-            async def place_request(request_id: str, *args: Any) -> Any:
+            async def place_request(request_id: str, *args: Any, **kwargs: Any) -> Any:
                 if not failures:
                     failures.append(request_id)
                     raise StoreError("database is locked (injected)")
-                return await place(request_id, *args)
+                return await place(request_id, *args, **kwargs)
 
             monkeypatch.setattr(store, "place_request", place_request)
             async with running(Dispatcher(settings, store=store, status_server=False)) as d:
@@ -203,7 +226,7 @@ async def test_a_name_taken_fails_the_request(tmp_path: Path, monkeypatch: pytes
         settings = settings_for(db_url, [backend("f1", f1)])
         async with Store(db_url) as store, ControlPlane(settings, store=store) as cp:
 
-            async def place_request(request_id: str, *args: Any) -> Any:
+            async def place_request(request_id: str, *args: Any, **kwargs: Any) -> Any:
                 raise ConflictError("instance taken.example of backend f1 is already in the database")
 
             monkeypatch.setattr(store, "place_request", place_request)

@@ -12,7 +12,7 @@ import synnefo_ganeti.rapi
 def test_top_level_exports_are_pinned() -> None:
     assert sorted(synnefo_ganeti.__all__) == sorted(
         [
-            "FINAL_STATUSES", "AuthenticationError", "BadRequestError", "CancelResult", "ClusterInfo",
+            "FINAL_STATUSES", "AuthenticationError", "BadRequestError", "CancelResult", "Change", "ClusterInfo",
             "ConfigError", "ConflictError", "ControlPlane", "CreateOutcomeUnknownError", "CreateProgress",
             "GanetiError", "Instance", "InstanceSpec", "InstanceStatus", "InvalidError", "Job", "JobFailedError",
             "JobFailure", "JobFileError", "JobNotFoundError", "JobStatus", "LogEntry", "NoCapacityError", "Node",

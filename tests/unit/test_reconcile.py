@@ -116,7 +116,8 @@ async def test_drift_found_fixed_per_kind_and_then_clean(db_url: str) -> None:
             cluster.instances["sg-c"].beparams["maxmem"] = 2048
             cluster.instances["sg-d"].nics.append({"mac": "aa:00:00:ff:ff:ff", "uuid": "n2"})
             cluster.instances["sg-e"].disks[0]["size"] = 4096
-            cluster.instances["sg-f"].tags.append("extra")
+            # under [ownership] tag_namespace: ours (a drift); an operator's own tag is not
+            cluster.instances["sg-f"].tags += ["synnefo-ganeti:extra", "ops:backup"]
             await create(cp, client, "sg-g")  # its end is never stored: still BUILD
             orphan = await client.create_instance(spec("sg-orphan", tags=[OWNED]))
             theirs = await client.create_instance(spec("theirs"))
@@ -160,9 +161,10 @@ async def test_drift_found_fixed_per_kind_and_then_clean(db_url: str) -> None:
             sg_d = await store.get_instance(B, "sg-d")
             assert sg_d is not None and sg_d.nics is not None and len(sg_d.nics) == 2
             sg_e = await store.get_instance(B, "sg-e")
-            assert sg_e is not None and sg_e.disks == [{"size": 4096}]
+            assert sg_e is not None and sg_e.disks is not None
+            assert [disk["size"] for disk in sg_e.disks] == [4096] and sg_e.disks[0]["uuid"]  # Ganeti's
             sg_f = await store.get_instance(B, "sg-f")
-            assert sg_f is not None and sg_f.tags == sorted([OWNED, "extra"])
+            assert sg_f is not None and sg_f.tags == sorted([OWNED, "synnefo-ganeti:extra"])
             assert (await statuses(store))["sg-g"] is InstanceStatus.STARTED
             stored_delay = await store.get_job(B, delay)
             assert stored_delay is not None and stored_delay.status is JobStatus.SUCCESS

@@ -46,7 +46,7 @@ def row(
         "tags": ["synnefo-ganeti:owned"],
     } | fields
     return StoredInstance(
-        id=1, backend=B, name=name, status=status, owned=owned, create_job_id=create_job_id,
+        id=f"id-of-{name}", backend=B, name=name, status=status, owned=owned, create_job_id=create_job_id,
         state_time=None, created_at=LONG_AGO, updated_at=updated_at, **values,
     )  # fmt: skip
 
@@ -218,7 +218,9 @@ def test_building_whose_create_failed(status: JobStatus) -> None:
     rows = [row("a", InstanceStatus.BUILD, create_job_id=5)]
     drifts = plan(*snapshots(rows, [], jobs=[job(5, status)]))
     assert kinds(drifts) == [("building", "a")]
-    assert drifts[0].status is InstanceStatus.ERROR and str(status) in drifts[0].detail
+    # canceled before it ran: DESTROYED, as when the watcher stores the job's end
+    expected = InstanceStatus.DESTROYED if status is JobStatus.CANCELED else InstanceStatus.ERROR
+    assert drifts[0].status is expected and str(status) in drifts[0].detail
 
 
 def test_building_whose_create_job_is_gone() -> None:
@@ -312,7 +314,7 @@ def test_nics() -> None:
 def test_disks() -> None:
     drifts = plan(*snapshots([row("a")], [gnt("a", **{"disk.sizes": [2048]})]))
     assert kinds(drifts) == [("disks", "a")]
-    assert drifts[0].values == {"disks": [{"size": 2048}]}
+    assert drifts[0].values == {"disks": [{"size": 2048, "uuid": None}]}  # Ganeti's disks, as stored
 
 
 def test_tags() -> None:

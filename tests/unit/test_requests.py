@@ -111,7 +111,7 @@ async def test_add_request_is_idempotent_per_id(db_url) -> None:
         assert request.spec == spec_of() and request.attempts == 0 and request.claimed_by is None
         again, new_again = await store.add_request(spec_of(), name=NAME, request_id=request.id)
         assert not new_again and again == request
-        with pytest.raises(ConflictError, match=f"already exists for instance {NAME}, not other"):
+        with pytest.raises(ConflictError, match="already exists with another name"):
             await store.add_request(spec_of("other"), name="other", request_id=request.id)
         mine, new_mine = await store.add_request(spec_of(), name=NAME, request_id="my-own-id")
         assert new_mine and mine.id == "my-own-id"
@@ -408,6 +408,8 @@ async def test_the_reconciler_settling_a_build_instance_settles_its_request(db_u
         (InstanceStatus.STARTED, RequestStatus.SUCCEEDED, None),
         (InstanceStatus.STOPPED, RequestStatus.SUCCEEDED, None),
         (InstanceStatus.ERROR, RequestStatus.FAILED, "the reconciler found the instance ERROR"),
+        # a BUILD settled DESTROYED: its create was canceled before it ran (as the watcher says)
+        (InstanceStatus.DESTROYED, RequestStatus.CANCELED, "job 14 was canceled"),
     ]
     async with Store(db_url) as store:
         for job_id, (instance_status, expected, error) in enumerate(outcomes, start=11):
@@ -421,8 +423,8 @@ async def test_the_reconciler_settling_a_build_instance_settles_its_request(db_u
             await store.record(B1, job(CREATE_BAD_OS, job_id=job_id))
             assert await current(store, request.id) == settled
         # moving an instance that is not BUILD settles nothing
-        late = await submitted(store, 14, name="vm14")
-        await store.update_instance(B1, "vm14", tags=["a"])
+        late = await submitted(store, 15, name="vm15")
+        await store.update_instance(B1, "vm15", tags=["a"])
         assert (await current(store, late.id)).status is RequestStatus.SUBMITTED
 
 

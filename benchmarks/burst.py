@@ -1,0 +1,253 @@
+"""A cloud API's burst: 2,000 durable creates written by 4 API tasks, PostgreSQL, one dispatcher,
+then two; each request's end read from the change feed in another process.
+
+    python benchmarks/burst.py                                  # 2,000 requests, 1 then 2 dispatchers
+    python benchmarks/burst.py --requests 200 --dispatchers 1   # the test's run
+
+One fake Ganeti (plain HTTP, zero latency, in a process of its own) with 20 roomy nodes and
+0.05 s creates; the dispatchers run in processes of their own (a real ``Dispatcher`` each,
+following the fake's queue directory); this process plays the cloud API: 4 tasks write the
+requests through ``ControlPlane.request_instance`` while a fifth reads ``cp.changes()``.
+
+One JSON line per run (progress on stderr):
+
+* ``submitted_per_s``: requests over the time from the first request written to the last
+  create job recorded (``submitted_at``); ``succeeded_per_s`` likewise to the last end;
+* ``p50_submit_ms``/``p99_submit_ms``: a request written -> its create job recorded;
+* ``p99_end_to_feed_ms``: the fake's ``end_ts`` of the create job -> the request's end came out
+  of ``cp.changes()`` here (both clocks this machine's);
+* ``duplicates`` (an instance created twice) and ``lost`` (a request not succeeded, or its
+  instance missing from the fake), from the fake's own state at the end.
+
+Goals (issue 14), one dispatcher: ``submitted_per_s`` >= 200, ``p99_submit_ms`` <= 1,000,
+``p99_end_to_feed_ms`` <= 250; always 0 duplicates and 0 lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import AsyncExitStack
+from typing import Any
+
+import orjson
+
+from _children import stop_children
+from _databases import database
+
+NODES = 20
+CREATE_S = 0.05
+MEMORY = 128
+API_TASKS = 4
+DEADLINE_S = 600.0
+QUIET = False
+
+
+def progress(message: str) -> None:
+    if not QUIET:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def settings_of(world: dict[str, Any], db_url: str) -> Any:
+    from synnefo_ganeti.config import Settings
+
+    return Settings(
+        database={"url": db_url},
+        backends=[
+            {"name": "burst", "url": world["url"], "username": world["username"],
+             "password": world["password"], "queue_dir": world["queue_dir"]}
+        ],
+        dispatcher={"status_port": None, "poll_interval": 0.05, "claim_batch": 100, "health_interval": 5.0},
+        reconcile={"interval": 3600},
+    )  # fmt: skip
+
+
+# -- the children ---------------------------------------------------------------------------------
+
+
+async def fake_child(args: argparse.Namespace) -> None:
+    """``--fake-child``: the fake Ganeti; prints its world, serves until stdin closes."""
+    from synnefo_ganeti.testing import FakeGaneti
+
+    fake = FakeGaneti(
+        tls=False, nodes=NODES, node_memory=1024 + MEMORY * (args.requests * 2 // NODES + 10),
+        op_times={"OP_INSTANCE_CREATE": CREATE_S, "OP_INSTANCE_CREATE/disks": CREATE_S / 2},
+    )  # fmt: skip
+    async with fake:
+        world = {"url": fake.url, "username": fake.username, "password": fake.password,
+                 "queue_dir": str(fake.queue_dir)}  # fmt: skip
+        sys.stdout.buffer.write(orjson.dumps(world) + b"\n")
+        sys.stdout.flush()
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
+
+
+async def dispatcher_child(args: argparse.Namespace) -> None:
+    """``--dispatcher-child WORLD_JSON DB_URL``: one dispatcher; "ready" on stdout, runs until stdin closes."""
+    from synnefo_ganeti.dispatch import Dispatcher
+
+    world, db_url = orjson.loads(args.dispatcher_child[0]), args.dispatcher_child[1]
+    dispatcher = Dispatcher(settings_of(world, db_url), status_server=False)
+    running = asyncio.create_task(dispatcher.run())
+    await asyncio.wait_for(dispatcher.ready.wait(), 120)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
+    dispatcher.stop()
+    await running
+
+
+async def child(*argv: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, __file__, *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+
+
+async def first_line(process: asyncio.subprocess.Process, what: str) -> bytes:
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), 120)
+    if not line:
+        raise SystemExit(f"{what} did not start (exit {await process.wait()})")
+    return line
+
+
+# -- the API's side -------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
+    from synnefo_ganeti.control import ControlPlane
+    from synnefo_ganeti.jobs import JobStatus
+    from synnefo_ganeti.rapi import InstanceSpec, RapiClient
+    from synnefo_ganeti.store import RequestStatus, Store
+
+    processes: list[asyncio.subprocess.Process] = []
+    with tempfile.TemporaryDirectory(prefix="sg-burst-") as scratch:
+        async with AsyncExitStack() as stack:
+            db_url = await stack.enter_async_context(database(args.db, scratch))
+            fake = await child("--fake-child", "--requests", str(args.requests))
+            processes.append(fake)
+            stack.push_async_callback(stop_children, processes)
+            world = orjson.loads(await first_line(fake, "the fake Ganeti"))
+            settings = settings_of(world, db_url)
+            store = await stack.enter_async_context(Store(db_url))  # creates the schema first
+            cp = await stack.enter_async_context(ControlPlane(settings, store=store))
+            for number in range(dispatchers):
+                process = await child("--dispatcher-child", orjson.dumps(world).decode(), db_url)
+                processes.append(process)
+                await first_line(process, f"dispatcher {number + 1}")
+            progress(
+                f"{dispatchers} dispatcher(s) ready; {args.requests} requests from {API_TASKS} API tasks"
+            )
+
+            ended_at: dict[str, float] = {}  # request id -> when its end came out of the feed
+            all_ended = asyncio.Event()
+            feed_ready = asyncio.Event()
+
+            async def follow() -> None:
+                feed = cp.changes()
+                feed_ready.set()
+                async for change in feed:
+                    if change.kind == "request" and change.status in {"succeeded", "failed", "canceled"}:
+                        ended_at.setdefault(change.key, time.time())
+                        if len(ended_at) >= args.requests:
+                            all_ended.set()
+
+            follower = asyncio.create_task(follow())
+            await feed_ready.wait()
+            names = [f"burst-{dispatchers}-{i:05d}.fake.test" for i in range(args.requests)]
+            request_ids: list[str] = []
+
+            async def api_task(share: list[str]) -> None:
+                for name in share:
+                    spec = InstanceSpec(
+                        name=name, disk_template="diskless", os="noop", beparams={"memory": MEMORY}
+                    )
+                    request_ids.append(await cp.request_instance(spec))
+
+            started = time.time()
+            await asyncio.gather(*(api_task(names[k::API_TASKS]) for k in range(API_TASKS)))
+            progress(f"written in {time.time() - started:.2f} s; waiting for every end in the feed")
+            try:
+                await asyncio.wait_for(all_ended.wait(), DEADLINE_S)
+            except TimeoutError:
+                progress(f"deadline: {len(ended_at)} of {args.requests} ends seen")
+            follower.cancel()
+            requests = await cp.list_requests(limit=args.requests * 2)
+            async with RapiClient(
+                world["url"], username=world["username"], password=world["password"]
+            ) as client:
+                instances, jobs = await asyncio.gather(client.list_instances(), client.list_jobs())
+    ours = set(request_ids)
+    requests = [r for r in requests if r.id in ours]
+    end_of = {job.id: job.end_ts.as_float for job in jobs if job.end_ts is not None}
+    creates_of: Counter[str] = Counter()
+    for job in jobs:
+        if job.status is JobStatus.SUCCESS and any(s.startswith("INSTANCE_CREATE") for s in job.summary):
+            creates_of.update(job.summary)
+    held = Counter(instance.name for instance in instances)
+    submit_ms = sorted(
+        (r.submitted_at - r.created_at).total_seconds() * 1000 for r in requests if r.submitted_at is not None
+    )
+    to_feed_ms = sorted(
+        (ended_at[r.id] - end_of[r.job_id]) * 1000
+        for r in requests
+        if r.job_id in end_of and r.id in ended_at
+    )
+    first = min(r.created_at for r in requests).timestamp()
+    submitted = [r.submitted_at.timestamp() for r in requests if r.submitted_at is not None]
+    finished = [
+        r.finished_at.timestamp() for r in requests if r.status is RequestStatus.SUCCEEDED and r.finished_at
+    ]
+    lost = sum(1 for r in requests if r.status is not RequestStatus.SUCCEEDED or held[r.instance] == 0)
+    lost += args.requests - len(requests)
+    duplicates = sum(n - 1 for n in held.values() if n > 1) + sum(n - 1 for n in creates_of.values() if n > 1)
+    return {
+        "requests": args.requests,
+        "dispatchers": dispatchers,
+        "submitted_per_s": round(len(submitted) / max(max(submitted) - first, 1e-9), 1) if submitted else 0.0,
+        "succeeded_per_s": round(len(finished) / max(max(finished) - first, 1e-9), 1) if finished else 0.0,
+        "p50_submit_ms": round(statistics.median(submit_ms), 1) if submit_ms else None,
+        "p99_submit_ms": round(percentile(submit_ms, 0.99), 1) if submit_ms else None,
+        "p99_end_to_feed_ms": round(percentile(to_feed_ms, 0.99), 1) if to_feed_ms else None,
+        "duplicates": duplicates,
+        "lost": lost,
+        "db": args.db,
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted ``values`` (nearest rank)."""
+    return values[min(len(values) - 1, max(0, round(q * len(values)) - 1))]
+
+
+async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
+    return [await run(args, n) for n in args.dispatchers]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--dispatchers", type=int, nargs="+", default=[1, 2], help="one run per count")
+    parser.add_argument(
+        "--db", default="postgresql", help="postgresql (a scratch database), sqlite, or a URL"
+    )
+    parser.add_argument("--fake-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dispatcher-child", nargs=2, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    if arguments.fake_child:
+        asyncio.run(fake_child(arguments))
+    elif arguments.dispatcher_child:
+        asyncio.run(dispatcher_child(arguments))
+    else:
+        for line in asyncio.run(main(arguments)):
+            print(orjson.dumps(line).decode(), flush=True)

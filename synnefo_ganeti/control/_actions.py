@@ -1,0 +1,130 @@
+"""Actions on an instance with outcomes: one at a time, each followed to ``task`` and ``last_error``.
+
+An action (start, stop, reboot, modify, delete) runs in three steps (see
+:mod:`synnefo_ganeti.store._tasks`): the instance's task is reserved in a writer
+transaction (a task in progress is a :class:`ConflictError`, raised before anything is
+sent to Ganeti), the job is submitted, and the job is recorded (``task_job_id``); its
+end, applied by the writer, clears the task and sets or clears ``last_error``. A submit
+that fails gives the reservation back; one Ganeti refused (a :class:`RapiError`) also
+sets ``last_error``.
+
+Deletes follow what Synnefo expects:
+
+* a second delete while the first one's job runs returns that job's id (and so does a
+  delete of an instance its remove ended);
+* an ERROR instance that Ganeti does not have (``GET /2/instances/NAME`` answers 404)
+  ends DESTROYED without a job: :func:`delete` returns None;
+* a remove job that fails because Ganeti has no such instance ends it DESTROYED
+  (``store/_instances.py``, applying the job's end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from synnefo_ganeti.errors import RapiError, RapiNotFoundError
+from synnefo_ganeti.rapi import RapiClient
+from synnefo_ganeti.store import InstanceAction, InstanceStatus, Store
+from synnefo_ganeti.store._tasks import Reservation, destroy_missing, release_task, reserve_task
+
+__all__ = ["delete", "run_action", "submit_refused"]
+
+log = logging.getLogger("synnefo_ganeti.control")
+
+Submit = Callable[[RapiClient], Awaitable[int]]
+
+
+async def _reserve(store: Store, backend: str, name: str, action: InstanceAction) -> Reservation:
+    backend_id = await store.ensure_backend(backend)
+    return await store.call(lambda conn: reserve_task(conn, backend_id, backend, name, action))
+
+
+async def _release(
+    store: Store, backend: str, name: str, action: InstanceAction, exc: BaseException | None
+) -> None:
+    """Give the reservation back after a failed submit (shielded: a cancelled caller too)."""
+    error = str(exc) if isinstance(exc, RapiError) else None
+    backend_id = await store.ensure_backend(backend)
+    release = store.call(lambda conn: release_task(conn, backend_id, backend, name, action, error=error))
+    await asyncio.shield(release)
+
+
+async def _submit_reserved(
+    store: Store,
+    client: RapiClient,
+    backend: str,
+    name: str,
+    action: InstanceAction,
+    call: Submit,
+    params: dict[str, Any] | None,
+) -> int:
+    try:
+        job_id = await call(client)
+    except BaseException as exc:
+        await _release(store, backend, name, action, exc)
+        raise
+    await store.record_instance_job(backend, name, job_id, action, params=params)
+    return job_id
+
+
+async def run_action(
+    store: Store,
+    client: RapiClient,
+    backend: str,
+    name: str,
+    action: InstanceAction,
+    call: Submit,
+    *,
+    params: dict[str, Any] | None = None,
+) -> int:
+    """Reserve, submit and record ``action`` on instance ``name``; returns the job id.
+
+    :class:`NotFoundError` for an instance the database lacks (or holds DESTROYED),
+    :class:`ConflictError` while another action is in progress on it."""
+    reservation = await _reserve(store, backend, name, action)
+    if reservation.job_id is not None:
+        return reservation.job_id
+    return await _submit_reserved(store, client, backend, name, action, call, params)
+
+
+async def delete(store: Store, client: RapiClient, backend: str, name: str) -> int | None:
+    """Remove instance ``name``: the remove's job id, or None when nothing was left to remove."""
+    reservation = await _reserve(store, backend, name, InstanceAction.REMOVE)
+    if reservation.job_id is not None:
+        return reservation.job_id
+    if reservation.instance.status is InstanceStatus.ERROR:
+        try:
+            await client.get_instance(name)
+        except RapiNotFoundError:
+            backend_id = await store.ensure_backend(backend)
+            await store.call(lambda conn: destroy_missing(conn, backend_id, backend, name))
+            log.info("delete of %s on %s: ERROR and not in Ganeti: DESTROYED without a job", name, backend)
+            return None
+        except BaseException as exc:
+            await _release(store, backend, name, InstanceAction.REMOVE, exc)
+            raise
+    return await _submit_reserved(
+        store, client, backend, name, InstanceAction.REMOVE, lambda c: c.delete_instance(name), None
+    )
+
+
+async def submit_refused(
+    store: Store, backend: str, name: str, action: InstanceAction, exc: BaseException
+) -> None:
+    """Ganeti refused the submit of ``action`` (a create: the instance ends ERROR): ``last_error`` says why."""
+    backend_id = await store.ensure_backend(backend)
+    status = InstanceStatus.ERROR if action is InstanceAction.CREATE else None
+    await store.call(
+        lambda conn: release_task(
+            conn,
+            backend_id,
+            backend,
+            name,
+            action,
+            error=str(exc) if isinstance(exc, RapiError) else f"{type(exc).__name__}: {exc}",
+            status=status,
+        )
+    )

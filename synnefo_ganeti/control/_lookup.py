@@ -1,0 +1,36 @@
+"""Finding an instance by its id or by its name, for the facade's calls.
+
+An instance's public id (:attr:`StoredInstance.id`, a UUID string) is given when its row
+is first written and never reused; its name is unique on its backend (across backends
+too with ``[ownership] unique_names = "global"``) only while it is not DESTROYED. So a
+call without ``backend`` takes an id, and a call with ``backend`` a name, as before.
+"""
+
+from __future__ import annotations
+
+from synnefo_ganeti.errors import NotFoundError
+from synnefo_ganeti.store import Store, StoredInstance
+
+__all__ = ["find_instance", "resolve_instance"]
+
+
+async def find_instance(store: Store, name_or_id: str, backend: str | None) -> StoredInstance | None:
+    """The instance ``name_or_id`` names: by name on ``backend``, by id without one; None: none."""
+    if backend is not None:
+        return await store.get_instance(backend, name_or_id)
+    return await store.get_instance(None, None, id=name_or_id)
+
+
+async def resolve_instance(store: Store, name_or_id: str, backend: str | None) -> tuple[str, str]:
+    """(backend, name) of the instance ``name_or_id`` names (see :func:`find_instance`).
+
+    With ``backend`` it is passed through as it is (the caller reports an unknown name);
+    without, an id the database does not hold is a :class:`NotFoundError`."""
+    if backend is not None:
+        return backend, name_or_id
+    instance = await find_instance(store, name_or_id, None)
+    if instance is None:
+        raise NotFoundError(
+            f"no instance has id {name_or_id}; check the id, or give the instance's name with its backend"
+        )
+    return instance.backend, instance.name

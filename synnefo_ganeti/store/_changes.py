@@ -1,0 +1,228 @@
+"""The change feed: reading the ``changes`` table in id order, and waiting for new rows.
+
+Rows are written by database triggers (migration 0005) on every insert of a request or
+an instance and on updates of a request's status or error and of an instance's status,
+task or last error, so that every process's writes are in the feed (the API's, the CLI's,
+the dispatcher's), in commit order: on PostgreSQL the trigger takes the writers' advisory
+lock, so a smaller id is never committed after a larger one has been read.
+
+Waiting (:class:`ChangeWaiter`): this process's writer wakes a waiter at once; on
+PostgreSQL, LISTEN on ``synnefo_ganeti_changes`` (the trigger NOTIFYs the new id at commit)
+wakes it for every process's commits, with a 30 s poll as a safety net; on SQLite, other
+processes' commits are seen within ``poll_interval``. A waiter is *armed* before the read
+that found nothing new, so that a commit between that read and the wait still wakes it.
+
+How far a consumer got is kept in ``feed_cursors`` (:func:`read_cursor`,
+:func:`write_cursor`; the webhook's is named ``"webhook"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, cast
+
+from sqlalchemy import Connection, Row, Table, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from synnefo_ganeti.store._engine import Database
+from synnefo_ganeti.store._schema import ChangeRow, FeedCursor
+from synnefo_ganeti.store._writer import Writer
+
+__all__ = [
+    "CHANGES_CHANNEL",
+    "Change",
+    "ChangeWaiter",
+    "Changes",
+    "read_cursor",
+    "write_cursor",
+]
+
+#: the channel the change triggers NOTIFY (PostgreSQL) with the new change's id
+CHANGES_CHANNEL = "synnefo_ganeti_changes"
+
+#: seconds between looks on PostgreSQL when no NOTIFY came (a lost listener connection)
+_PG_POLL = 30.0
+
+changes_t = cast(Table, ChangeRow.__table__)
+cursors_t = cast(Table, FeedCursor.__table__)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change of a request or an instance, as the feed (``ControlPlane.changes``) tells it.
+
+    ``id`` grows with every change (resume after it); ``kind`` is ``"request"`` or
+    ``"instance"``; ``key`` the request id or the instance id (its UUID); ``status``,
+    ``task`` (instances only) and ``error`` (a request's error, an instance's last error
+    message) are the values after the change; ``at`` when it was written (UTC).
+    """
+
+    id: int
+    kind: Literal["request", "instance"]
+    key: str
+    status: str | None
+    task: str | None
+    error: str | None
+    at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as JSON values (``at`` in ISO 8601): the webhook's body."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "key": self.key,
+            "status": self.status,
+            "task": self.task,
+            "error": self.error,
+            "at": self.at.isoformat(),
+        }
+
+
+def _change(row: Row[Any]) -> Change:
+    return Change(
+        id=int(row.id),
+        kind=row.kind,
+        key=row.key,
+        status=row.status,
+        task=row.task,
+        error=row.error,
+        at=datetime.fromtimestamp(row.at, UTC),
+    )
+
+
+class ChangeWaiter:
+    """Wakes when a change may have been committed: ``arm()``, read, then ``await wait(timeout)``.
+
+    Made by :meth:`Changes.waiter` (an async context manager: on PostgreSQL it holds a
+    LISTEN connection while open)."""
+
+    def __init__(self, writer: Writer, notified: asyncio.Event | None, poll_interval: float) -> None:
+        self._writer = writer
+        self._notified = notified
+        self._poll_interval = poll_interval
+        self._wakeup = writer.wakeup
+
+    def __repr__(self) -> str:
+        how = "LISTEN" if self._notified is not None else f"polling every {self._poll_interval:g} s"
+        return f"<ChangeWaiter {how}>"
+
+    def arm(self) -> None:
+        """Call before reading: what is committed from now on wakes the next :meth:`wait`."""
+        self._wakeup = self._writer.wakeup
+        if self._notified is not None:
+            self._notified.clear()
+
+    async def wait(self, timeout: float | None = None) -> None:
+        """Until a commit since :meth:`arm` (or ``timeout``, by default the poll interval)."""
+        if timeout is None:
+            timeout = _PG_POLL if self._notified is not None else self._poll_interval
+        waiters = [asyncio.ensure_future(self._wakeup.wait())]
+        if self._notified is not None:
+            waiters.append(asyncio.ensure_future(self._notified.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+
+class Changes:
+    """The change-feed repository."""
+
+    def __init__(self, db: Database, writer: Writer, *, poll_interval: float) -> None:
+        self.db = db
+        self.writer = writer
+        self.poll_interval = poll_interval
+
+    def __repr__(self) -> str:
+        return f"<Changes {self.db.display_url}>"
+
+    async def list_changes(self, *, after: int = 0, limit: int | None = 1000) -> list[Change]:
+        """The changes with an id above ``after``, in id order, at most ``limit``."""
+
+        async def run(conn: AsyncConnection) -> list[Change]:
+            query = select(changes_t).where(changes_t.c.id > after).order_by(changes_t.c.id)
+            if limit is not None:
+                query = query.limit(limit)
+            return [_change(row) for row in (await conn.execute(query)).all()]
+
+        return await self.db.read(run)
+
+    async def last_id(self) -> int:
+        """The id of the newest change (0 when there is none)."""
+
+        async def run(conn: AsyncConnection) -> int:
+            return int((await conn.execute(select(func.max(changes_t.c.id)))).scalar() or 0)
+
+        return await self.db.read(run)
+
+    async def cursor(self, name: str) -> int:
+        """How far feed consumer ``name`` (the webhook: ``"webhook"``) got; 0 from the start."""
+        return await self.db.call_read(lambda conn: read_cursor(conn, name))
+
+    async def advance(self, name: str, last_id: int) -> int:
+        """Move consumer ``name``'s cursor forward to ``last_id`` (never back); the cursor after."""
+        return await self.writer.call(lambda conn: write_cursor(conn, name, last_id))
+
+    @contextlib.asynccontextmanager
+    async def waiter(self) -> AsyncIterator[ChangeWaiter]:
+        """A :class:`ChangeWaiter` (PostgreSQL: LISTENing while the context is open)."""
+        if self.db.dialect != "postgresql":
+            yield ChangeWaiter(self.writer, None, self.poll_interval)
+            return
+        notified = asyncio.Event()
+
+        def on_notify(*_args: object) -> None:
+            notified.set()
+
+        async with self.db.engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            assert driver is not None
+            await driver.add_listener(CHANGES_CHANNEL, on_notify)
+            try:
+                yield ChangeWaiter(self.writer, notified, self.poll_interval)
+            finally:
+                with contextlib.suppress(Exception):
+                    await driver.remove_listener(CHANGES_CHANNEL, on_notify)
+
+    async def follow(self, since: int | None = None, *, batch: int = 1000) -> AsyncGenerator[Change, None]:
+        """Every change after id ``since`` (None: after the newest one now), forever."""
+        async with self.waiter() as waiter:
+            cursor = await self.last_id() if since is None else since
+            while True:
+                waiter.arm()
+                found = await self.list_changes(after=cursor, limit=batch)
+                for change in found:
+                    cursor = change.id
+                    yield change
+                if len(found) < batch:
+                    await waiter.wait()
+
+
+# -- feed cursors (in a transaction of the writer, or a read) ---------------------------------------
+
+
+def read_cursor(conn: Connection, name: str) -> int:
+    """How far consumer ``name`` got (0: from the start)."""
+    value = conn.execute(select(cursors_t.c.last_id).where(cursors_t.c.name == name)).scalar()
+    return int(value or 0)
+
+
+def write_cursor(conn: Connection, name: str, last_id: int) -> int:
+    """Move consumer ``name``'s cursor forward to ``last_id`` (never back); the cursor after."""
+    now = datetime.now(UTC)
+    current = conn.execute(select(cursors_t.c.last_id).where(cursors_t.c.name == name)).scalar()
+    if current is None:
+        conn.execute(insert(cursors_t).values(name=name, last_id=last_id, updated_at=now))
+        return last_id
+    if last_id > current:
+        conn.execute(
+            update(cursors_t).where(cursors_t.c.name == name).values(last_id=last_id, updated_at=now)
+        )
+        return last_id
+    return int(current)

@@ -1,0 +1,122 @@
+"""Names and request ids that must not clash: checked in the writer transaction that writes.
+
+A name is unique while its instance is not DESTROYED: across all backends
+(``[ownership] unique_names = "global"``, the default) or on each backend (``"backend"``).
+A create request not final yet holds its name too (it becomes an instance soon). The
+check runs inside the writer's transaction that writes the row (SQLite ``BEGIN
+IMMEDIATE``, PostgreSQL's writers' lock), so two processes cannot both pass it.
+
+On the same backend, :func:`~synnefo_ganeti.store._instances.add_instance_row` keeps its
+rule: an ERROR or DESTROYED row starts a new life, any other is taken.
+
+A request id names one create: the same id with a different request is refused with the
+fields that differ (:func:`request_differences`).
+
+Functions taking a ``Connection`` run inside a store transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, cast
+
+from sqlalchemy import Connection, Table, select
+
+from synnefo_ganeti.errors import ConflictError
+from synnefo_ganeti.store._schema import Backend, CreateRequest, Instance
+
+__all__ = ["UniqueNames", "check_name_free", "request_differences"]
+
+UniqueNames = Literal["global", "backend"]
+
+instances_t = cast(Table, Instance.__table__)
+requests_t = cast(Table, CreateRequest.__table__)
+backends_t = cast(Table, Backend.__table__)
+# (the modules of RequestStatus and InstanceStatus use this one: their values, spelled out)
+_OPEN = ("pending", "submitted")
+_DESTROYED, _ERROR = "DESTROYED", "ERROR"
+
+
+def check_name_free(
+    conn: Connection,
+    name: str,
+    *,
+    backend: str | None,
+    unique_names: UniqueNames,
+    exclude_request: str | None = None,
+    exclude_instance: str | None = None,
+) -> None:
+    """:class:`ConflictError` when ``name`` (for ``backend``, None: any) is held by another
+    instance not DESTROYED or by another request not final, under ``unique_names``.
+
+    ``exclude_request``: the request doing the placing; ``exclude_instance``: the id of the
+    instance row that request placed before (its own earlier attempt)."""
+    _check_instances(conn, name, backend, unique_names, exclude_instance)
+    _check_requests(conn, name, backend, unique_names, exclude_request)
+
+
+def _check_instances(
+    conn: Connection, name: str, backend: str | None, unique_names: UniqueNames, exclude: str | None
+) -> None:
+    rows = conn.execute(
+        select(instances_t.c.uuid, instances_t.c.status, backends_t.c.name.label("backend"))
+        .join(backends_t, backends_t.c.id == instances_t.c.backend_id)
+        .where(instances_t.c.name == name, instances_t.c.status != _DESTROYED)
+        .order_by(backends_t.c.name)
+    ).all()
+    for row in rows:
+        if row.uuid == exclude:
+            continue
+        if backend is not None and row.backend == backend:
+            if row.status == _ERROR:
+                continue  # on its own backend an ERROR name starts a new life
+        elif unique_names == "backend":
+            continue
+        if row.backend == backend:
+            raise ConflictError(
+                f"instance {name} of backend {backend} is already in the database ({row.status}, "
+                f"id {row.uuid}); delete it first or pick another name"
+            )
+        raise ConflictError(
+            f"instance name {name} is taken: instance {row.uuid} of backend {row.backend} is "
+            f"{row.status} (names are unique across backends); delete it first or pick another name"
+        )
+
+
+def _check_requests(
+    conn: Connection, name: str, backend: str | None, unique_names: UniqueNames, exclude: str | None
+) -> None:
+    query = (
+        select(requests_t.c.id, requests_t.c.want_backend, backends_t.c.name.label("backend"))
+        .outerjoin(backends_t, backends_t.c.id == requests_t.c.backend_id)
+        .where(requests_t.c.name == name, requests_t.c.status.in_(_OPEN))
+        .order_by(requests_t.c.created_at, requests_t.c.id)
+    )
+    if exclude is not None:
+        query = query.where(requests_t.c.id != exclude)
+    for row in conn.execute(query):
+        target = row.backend or row.want_backend
+        if unique_names == "backend" and backend is not None and target is not None and target != backend:
+            continue
+        raise ConflictError(
+            f"instance name {name} is taken by request {row.id}, which has not ended yet; "
+            "wait for it (or cancel it) or pick another name"
+        )
+
+
+def request_differences(
+    existing_name: str,
+    existing_spec: Mapping[str, Any],
+    existing_backend: str | None,
+    *,
+    name: str,
+    spec: Mapping[str, Any],
+    backend: str | None,
+) -> list[str]:
+    """The fields in which a repeated request differs from the stored one (sorted; [] if none)."""
+    fields = {key for key in set(existing_spec) | set(spec) if existing_spec.get(key) != spec.get(key)}
+    if existing_name != name:
+        fields.add("name")
+    if backend is not None and existing_backend != backend:
+        fields.add("backend")  # (left out again: any backend, the one it has will do)
+    return sorted(fields)
