@@ -76,7 +76,9 @@ async def until(cp: ControlPlane, instance_id: str, status: InstanceStatus) -> S
         ended = instance is not None and instance.status is status and instance.task is None
         return instance if ended else None
 
-    found: StoredInstance = await eventually(reached, what=f"{instance_id} to be {status.value}, its task ended")
+    found: StoredInstance = await eventually(
+        reached, what=f"{instance_id} to be {status.value}, its task ended"
+    )
     return found
 
 
