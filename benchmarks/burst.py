@@ -147,8 +147,10 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
             all_ended = asyncio.Event()
             feed_ready = asyncio.Event()
 
+            since = await store.last_change_id()
+
             async def follow() -> None:
-                feed = cp.changes()
+                feed = cp.changes(since=since)
                 feed_ready.set()
                 async for change in feed:
                     if change.kind == "request" and change.status in {"succeeded", "failed", "canceled"}:
@@ -176,7 +178,7 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
             except TimeoutError:
                 progress(f"deadline: {len(ended_at)} of {args.requests} ends seen")
             follower.cancel()
-            requests = await cp.list_requests(limit=args.requests * 2)
+            requests = await cp.list_requests()
             async with RapiClient(
                 world["url"], username=world["username"], password=world["password"]
             ) as client:

@@ -17,14 +17,14 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
@@ -253,6 +253,31 @@ class Database:
             await conn.commit()
         return result
 
+    async def run_group(
+        self, fns: Sequence[Callable[[Connection], Any]], *, exclusive: bool = True
+    ) -> list[tuple[bool, Any]]:
+        """Each of ``fns`` in a savepoint of one write transaction, one commit for all: per
+        function ``(True, result)``, or ``(False, exception)`` with its savepoint rolled back.
+        Database trouble other than an integrity error ends the transaction (raised, nothing
+        written)."""
+        if self.sync_engine is not None:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.sync_executor, self._group_in_thread, fns)
+        async with self.engine.connect() as conn:
+            conn = await self.begin_write(conn, exclusive=exclusive)
+            results = await conn.run_sync(_run_group, fns)
+            await conn.commit()
+        return results
+
+    def _group_in_thread(self, fns: Sequence[Callable[[Connection], Any]]) -> list[tuple[bool, Any]]:
+        assert self.sync_engine is not None
+        with self.sync_engine.connect() as conn:
+            conn.execution_options(sqlite_immediate=True)
+            conn.begin()
+            results = _run_group(conn, fns)
+            conn.commit()
+        return results
+
     def _transaction_in_thread(self, fn: Callable[[Connection], T]) -> T:
         assert self.sync_engine is not None
         with self.sync_engine.connect() as conn:
@@ -277,6 +302,26 @@ class Database:
             return await conn.run_sync(fn)
 
         return await self.read(run)
+
+
+def _run_group(conn: Connection, fns: Sequence[Callable[[Connection], Any]]) -> list[tuple[bool, Any]]:
+    results: list[tuple[bool, Any]] = []
+    for fn in fns:
+        savepoint = conn.begin_nested()
+        try:
+            result = fn(conn)
+        except IntegrityError as exc:
+            savepoint.rollback()
+            results.append((False, exc))
+        except DBAPIError:
+            raise  # the database's trouble, not this call's: the whole group is retried
+        except Exception as exc:  # the call's own refusal (a ConflictError, an InvalidError ...)
+            savepoint.rollback()
+            results.append((False, exc))
+        else:
+            savepoint.commit()
+            results.append((True, result))
+    return results
 
 
 async def upgrade_database(url: str | URL) -> tuple[str, str | None, str | None]:

@@ -120,6 +120,8 @@ class WriterStats:
     events: int = 0
     batches: int = 0
     retries: int = 0
+    #: callers' writes committed together with others' (one transaction, a savepoint each)
+    grouped: int = 0
 
 
 @dataclass(frozen=True, slots=True)

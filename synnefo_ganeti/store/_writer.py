@@ -205,16 +205,26 @@ class Writer:
                 else:
                     items.append(item)
             try:
-                # versions in one transaction; a call between them in one of its own, in order
+                # versions in one transaction; the calls between them (in a row, of one kind) in
+                # one of their own, each in a savepoint: one commit for many callers
                 batch: list[JobVersion] = []
+                calls: list[_Call] = []
                 for item in items:
                     if isinstance(item, _Call):
                         if batch:
                             await self._write_with_retry(batch)
                             batch = []
-                        await self._call_with_retry(item)
+                        if calls and calls[0].exclusive != item.exclusive:
+                            await self._calls(calls)
+                            calls = []
+                        calls.append(item)
                     else:
+                        if calls:
+                            await self._calls(calls)
+                            calls = []
                         batch.append(item)
+                if calls:
+                    await self._calls(calls)
                 if batch:
                     await self._write_with_retry(batch)
             finally:
@@ -230,6 +240,47 @@ class Writer:
             self._locked_since = time.monotonic()
         return locked
 
+    async def _calls(self, calls: list[_Call]) -> None:
+        """Several callers' writes in one transaction (a savepoint each: one that fails is
+        rolled back alone); on database trouble, each call on its own with the usual retries."""
+        calls = [call for call in calls if not call.abandoned]
+        if len(calls) <= 1:
+            for call in calls:
+                await self._call_with_retry(call)
+            return
+        for call in calls:
+            call.started = True
+        try:
+            outcomes = await self.db.run_group([call.fn for call in calls], exclusive=calls[0].exclusive)
+        except _TRANSIENT:
+            for call in calls:  # (the retries count and say what went wrong)
+                await self._call_with_retry(call)
+            return
+        except Exception as exc:
+            for call in calls:
+                if not call.future.done():
+                    call.future.set_exception(exc)
+            return
+        self._locked_since = None
+        self.stats.grouped += len(calls)
+        for call, (ok, value) in zip(calls, outcomes, strict=True):
+            if call.future.done():
+                continue
+            if ok:
+                call.future.set_result(value)
+            elif isinstance(value, IntegrityError):
+                call.future.set_exception(self._conflict(value))
+            else:
+                call.future.set_exception(value)
+        self.wake()
+
+    def _conflict(self, exc: IntegrityError) -> ConflictError:
+        return ConflictError(
+            f"conflict writing to database {self.db.display_url}: {reason(exc)}; "
+            "another write got there first: read again and retry",
+            url=self.db.display_url,
+        )
+
     async def _call_with_retry(self, call: _Call) -> None:
         if call.abandoned:
             return  # its caller was told the database is locked: it must not happen later
@@ -240,13 +291,7 @@ class Writer:
                 result = await self.db.run_transaction(call.fn, exclusive=call.exclusive)
             except IntegrityError as exc:
                 if not call.future.done():
-                    call.future.set_exception(
-                        ConflictError(
-                            f"conflict writing to database {self.db.display_url}: {reason(exc)}; "
-                            "another write got there first: read again and retry",
-                            url=self.db.display_url,
-                        )
-                    )
+                    call.future.set_exception(self._conflict(exc))
                 return
             except _TRANSIENT as exc:
                 if self._retried(exc):

@@ -1,0 +1,94 @@
+"""The writer's group commit: callers' writes queued together share one transaction, each in a
+savepoint of its own, so that one that fails is rolled back alone and the others are kept."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import insert, select
+from sqlalchemy.engine import Connection
+
+from synnefo_ganeti.errors import ConflictError, InvalidError
+from synnefo_ganeti.store import Store
+from synnefo_ganeti.store._backends import backend_events_t
+
+
+async def test_calls_queued_together_commit_together_and_fail_alone(db_url: str) -> None:
+    async with Store(db_url) as store:
+        backend_id = await store.ensure_backend("b1")
+
+        def add(message: str) -> int:
+            def run(conn: Connection) -> int:
+                conn.execute(
+                    insert(backend_events_t).values(
+                        backend_id=backend_id, kind="note", message=message, at=_now()
+                    )
+                )
+                return len(message)
+
+            return run
+
+        def refuse(conn: Connection) -> None:
+            add("written, then rolled back with its savepoint")(conn)
+            raise InvalidError("this call's own refusal")
+
+        def duplicate(conn: Connection) -> None:
+            add("also rolled back")(conn)
+            conn.execute(
+                insert(backend_events_t).values(id=1, backend_id=backend_id, kind="x", message="", at=_now())
+            )
+            conn.execute(
+                insert(backend_events_t).values(id=1, backend_id=backend_id, kind="x", message="", at=_now())
+            )
+
+        grouped = store.stats.grouped
+        calls = [store.call(add(f"m{i}")) for i in range(20)]
+        calls.insert(5, store.call(refuse))
+        calls.insert(12, store.call(duplicate))
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+
+        assert isinstance(outcomes[5], InvalidError)
+        assert isinstance(outcomes[12], ConflictError)
+        assert [o for i, o in enumerate(outcomes) if i not in (5, 12)] == [2] * 10 + [3] * 10
+        assert store.stats.grouped > grouped  # (queued while the writer was busy: together)
+
+        def messages(conn: Connection) -> list[str]:
+            return list(
+                conn.execute(select(backend_events_t.c.message).order_by(backend_events_t.c.id)).scalars()
+            )
+
+        assert await store.call_read(messages) == [f"m{i}" for i in range(20)]
+
+
+async def test_a_group_whose_transaction_fails_is_retried_call_by_call(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Database trouble in the group's transaction: nothing of it is kept, each call is then
+    retried on its own, and every caller gets its own result."""
+    from sqlalchemy.exc import OperationalError
+
+    async with Store(db_url) as store:
+        database = store._db
+        run_group = database.run_group
+        left = [1]
+
+        async def flaky(fns: Sequence[Callable[[Connection], Any]], *, exclusive: bool = True) -> Any:
+            if left[0]:
+                left[0] -= 1
+                raise OperationalError("SELECT 1", {}, Exception("connection lost (injected)"))
+            return await run_group(fns, exclusive=exclusive)
+
+        monkeypatch.setattr(database, "run_group", flaky)
+        names = [f"b{i}" for i in range(10)]
+        ids = await asyncio.gather(*(store.ensure_backend(name) for name in names))
+        assert left == [0]  # the group's transaction did fail once
+        assert len(set(ids)) == 10
+        assert set(names) <= set(await store.backends())
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
