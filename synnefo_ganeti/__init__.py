@@ -31,6 +31,7 @@ from synnefo_ganeti.errors import (
     TLSError,
     TransportError,
     UnavailableError,
+    ValidationError,
 )
 from synnefo_ganeti.jobs import FINAL_STATUSES, JobStatus, calc_job_status
 from synnefo_ganeti.rapi import (
@@ -95,6 +96,7 @@ __all__ = [
     "Timestamp",
     "TransportError",
     "UnavailableError",
+    "ValidationError",
     "__version__",
     "calc_job_status",
 ]

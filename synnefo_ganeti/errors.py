@@ -9,6 +9,7 @@ can catch everything with one ``except`` clause, or pick the branch it can act o
     │   └── RequestNotHeldError     the dispatcher lost the request (ended, canceled, taken over)
     ├── InvalidError                the caller's input was refused; nothing done (also ``ValueError``; 400)
     │   ├── ConfigError             bad settings: the message names the file and key
+    │   ├── ValidationError         a create spec no backend would take; ``.field`` names the spec field
     │   └── JobFileError            a job file that cannot be used (not UTF-8/JSON, too large, ...)
     ├── RapiError                   ganeti-rapi answered with an HTTP error status
     │   ├── AuthenticationError     401/403: wrong credentials or no write access
@@ -65,6 +66,7 @@ __all__ = [
     "TLSError",
     "TransportError",
     "UnavailableError",
+    "ValidationError",
 ]
 
 
@@ -97,6 +99,18 @@ class RequestNotHeldError(ConflictError):
 
 class InvalidError(GanetiError, ValueError):
     """The caller's input was refused before anything was done; the message names the field."""
+
+
+class ValidationError(InvalidError):
+    """A create spec refused before anything was written: no backend would take it.
+
+    ``field`` names the spec field (``"name"``, ``"beparams.memory"``, ``"os"``,
+    ``"disk_template"``, ``"disks[0].size"``, ...); the message says what would be accepted.
+    """
+
+    def __init__(self, message: str, *, field: str, url: str | None = None) -> None:
+        super().__init__(message, url=url)
+        self.field = field
 
 
 class JobFileError(InvalidError):

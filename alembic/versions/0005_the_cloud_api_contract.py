@@ -6,7 +6,9 @@ Create Date: 2026-11-26 15:40:00.000000
 
 Instances get a public ``uuid`` (existing rows one each), ``task``/``task_job_id``,
 ``last_error``, and the ``memory``/``vcpus``/``pnode`` Ganeti reports; requests the
-``instance_uuid`` of the row they placed. ``changes`` is the change feed, written by
+``instance_uuid`` of the row they placed. A name is unique on its backend only among
+the rows not DESTROYED (a partial unique index in place of ``uq_instances_backend_id``):
+a reused name gets a new row, the DESTROYED one stays findable by its id. ``changes`` is the change feed, written by
 triggers (so that every process's writes are in it: the API's, the CLI's, the
 dispatcher's) in commit order: on PostgreSQL the trigger takes the writers' advisory lock
 (the one every writer holds already) and NOTIFYs ``synnefo_ganeti_changes`` with the id.
@@ -31,6 +33,10 @@ _ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 #: the writers' advisory lock key ("sgwr"; synnefo_ganeti.store._engine._WRITE_LOCK_KEY)
 _WRITE_LOCK_KEY = 1936160626
 CHANGES_CHANNEL = "synnefo_ganeti_changes"
+
+#: a name is unique on its backend among the rows not DESTROYED (DESTROYED rows stay, findable by id)
+_LIVE_NAMES = "uq_instances_backend_id_name_live"
+_LIVE = "status <> 'DESTROYED'"
 
 _SQLITE_NOW = "(julianday('now') - 2440587.5) * 86400.0"
 _SQLITE_REQUEST = (
@@ -115,6 +121,16 @@ def upgrade() -> None:
     with op.batch_alter_table("instances", schema=None) as batch_op:
         batch_op.alter_column("uuid", existing_type=sa.String(length=36), nullable=False)
         batch_op.create_unique_constraint(batch_op.f("uq_instances_uuid"), ["uuid"])
+        batch_op.drop_constraint("uq_instances_backend_id", type_="unique")
+    # (after the batch: SQLite's copy of the table would not keep the index's WHERE)
+    op.create_index(
+        _LIVE_NAMES,
+        "instances",
+        ["backend_id", "name"],
+        unique=True,
+        postgresql_where=sa.text(_LIVE),
+        sqlite_where=sa.text(_LIVE),
+    )
 
     with op.batch_alter_table("requests", schema=None) as batch_op:
         batch_op.add_column(sa.Column("instance_uuid", sa.String(length=36), nullable=True))
@@ -157,7 +173,15 @@ def downgrade() -> None:
     op.drop_table("changes")
     with op.batch_alter_table("requests", schema=None) as batch_op:
         batch_op.drop_column("instance_uuid")
+    op.drop_index(_LIVE_NAMES, table_name="instances")
+    # one row per (backend, name) again: the live one, else the most recent
+    op.execute(
+        "DELETE FROM instances WHERE status = 'DESTROYED' AND EXISTS (SELECT 1 FROM instances AS other "
+        "WHERE other.backend_id = instances.backend_id AND other.name = instances.name "
+        "AND (other.status <> 'DESTROYED' OR other.id > instances.id))"
+    )
     with op.batch_alter_table("instances", schema=None) as batch_op:
+        batch_op.create_unique_constraint("uq_instances_backend_id", ["backend_id", "name"])
         batch_op.drop_constraint(batch_op.f("uq_instances_uuid"), type_="unique")
         batch_op.drop_column("pnode")
         batch_op.drop_column("vcpus")

@@ -3,6 +3,7 @@ compare; and, inside a backend, the node (:mod:`._nodes`)."""
 
 from __future__ import annotations
 
+from synnefo_ganeti.allocate._catalog import Catalog, check_name, check_numbers, check_spec, refusals
 from synnefo_ganeti.allocate._nodes import (
     MIRRORED_TEMPLATES,
     NodeLoad,
@@ -17,13 +18,18 @@ __all__ = [
     "MIRRORED_TEMPLATES",
     "Allocator",
     "BackendView",
+    "Catalog",
     "NoCapacityError",
     "NodeLoad",
     "Pending",
     "Requirement",
     "Reservation",
     "Strategy",
+    "check_name",
+    "check_numbers",
+    "check_spec",
     "choose_nodes",
     "chooses_nodes",
     "placed_spec",
+    "refusals",
 ]

@@ -37,10 +37,11 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from synnefo_ganeti.allocate._catalog import refusals
 from synnefo_ganeti.allocate._nodes import NodeLoad, choose_nodes, node_loads
 from synnefo_ganeti.allocate._views import BackendView, Pending, Requirement, Reservation
 from synnefo_ganeti.errors import NoCapacityError
@@ -204,6 +205,10 @@ class Allocator:
             return 0, "failing health checks"
         if view.refusing_until is not None and view.refusing_until > now:
             return 0, f"refusing submissions (503) for {math.ceil(view.refusing_until - now)} s more"
+        if view.catalog is not None and req.spec is not None:
+            refused = refusals(view.catalog, req.spec)
+            if refused:
+                return 0, ", ".join(r.reason for r in refused)
         if view.disk_templates and req.disk_template not in view.disk_templates:
             enabled = ", ".join(sorted(view.disk_templates))
             return 0, f"disk template {req.disk_template} not enabled (enabled: {enabled})"
@@ -282,17 +287,24 @@ class Allocator:
         now: float | None = None,
         only: str | None = None,
         nodes: bool = False,
+        exclude: Collection[str] = (),
     ) -> Reservation:
         """Choose a backend for ``spec`` and reserve its requirement there.
 
         ``only``: the request names its backend; it is reserved there if that backend
         is eligible, else :class:`NoCapacityError` says why not. ``nodes``: choose the
         primary node (and a secondary for a mirrored template) too (:mod:`._nodes`); a
-        backend where no node fits is passed over for the next one.
+        backend where no node fits is passed over for the next one. ``exclude``: backends
+        where this request's create failed for a reason of theirs (not placed there again).
         """
         now = time.monotonic() if now is None else now
         req = self._requirement(spec)
         ranked = self._ranked(req, now)
+        if exclude:
+            ranked = [item for item in ranked if item[0].view.name not in exclude]
+            if not ranked:
+                failed = {name: "the create failed there already" for name in exclude}
+                raise NoCapacityError(req, failed | self.rejected(req, now=now))
         if only is not None:
             ranked = [item for item in ranked if item[0].view.name == only]
             if not ranked:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from synnefo_ganeti.allocate._catalog import Catalog
 from synnefo_ganeti.rapi import InstanceSpec, Node
 
 __all__ = ["DEFAULT_MEMORY_MIB", "BackendView", "Pending", "Requirement", "Reservation"]
@@ -34,6 +35,8 @@ class Requirement:
     disk: int
     vcpus: int
     disk_template: str
+    #: the spec itself, for the checks against a backend's catalog (OS, instance policy)
+    spec: InstanceSpec | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, spec: InstanceSpec) -> Requirement:
@@ -47,7 +50,7 @@ class Requirement:
             size = 0
         elif spec.disk_template == "drbd":
             size *= 2
-        return cls(memory=memory, disk=size, vcpus=vcpus, disk_template=spec.disk_template)
+        return cls(memory=memory, disk=size, vcpus=vcpus, disk_template=spec.disk_template, spec=spec)
 
     @property
     def disk_per_node(self) -> int:
@@ -63,6 +66,7 @@ class BackendView:
 
     ``disk_templates`` empty means unknown: any template is accepted.
     ``refusing_until`` is set (monotonic time) when a submit got a 503.
+    ``catalog``: what the backend offers (OSes, instance policy; ``None``: unknown, no check).
     """
 
     name: str
@@ -72,6 +76,7 @@ class BackendView:
     healthy: bool = True
     refusing_until: float | None = None
     stats_at: float | None = None
+    catalog: Catalog | None = None
 
     @property
     def usable_nodes(self) -> list[Node]:

@@ -37,6 +37,7 @@ from synnefo_ganeti._backends import BackendResources
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.control._actions import delete, run_action, submit_refused
 from synnefo_ganeti.control._lookup import find_instance, resolve_instance
+from synnefo_ganeti.control._validate import SpecChecker
 from synnefo_ganeti.errors import (
     ConfigError,
     ConflictError,
@@ -82,6 +83,8 @@ class ControlPlane:
         clients: Mapping[str, RapiClient] | None = None,
     ) -> None:
         self._resources = BackendResources(settings, store=store, clients=clients)
+        # specs checked against the backends' catalogs before anything is written (control/_validate.py)
+        self._checker = SpecChecker(lambda: self.settings, self.client)
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -141,6 +144,7 @@ class ControlPlane:
                 f"backend {backend} is drained by an operator: it takes no new instances "
                 f"('synnefo-ganeti backends undrain {backend}' lets them in again)"
             )
+        await self._checker.check(spec, backend=backend)  # ValidationError: nothing written
         tags = list(dict.fromkeys([*spec.tags, *self.settings.ownership.tags_for_new()]))
         submitted = spec.model_copy(update={"tags": tags})
         await self.store.add_instance(
@@ -304,6 +308,16 @@ class ControlPlane:
 
     # -- durable requests ------------------------------------------------------------------------
 
+    async def validate(self, spec: InstanceSpec, *, backend: str | None = None) -> None:
+        """The checks ``request_instance`` and ``create_instance`` make first, alone: raise
+        :class:`~synnefo_ganeti.ValidationError` (naming the field) unless ``spec`` is one
+        ``backend`` (or, without it, some backend not drained) would take. Writes nothing;
+        fetches the backends' catalogs on first use (an API may call it at start-up to have
+        them ready)."""
+        if backend is not None:
+            self.settings.backend(backend)  # an unknown name is a ConfigError
+        await self._checker.check(spec, backend=backend)
+
     async def request_instance(
         self, spec: InstanceSpec, *, backend: str | None = None, request_id: str | None = None
     ) -> str:
@@ -317,6 +331,7 @@ class ControlPlane:
         """
         if backend is not None:
             self.settings.backend(backend)  # an unknown name is a ConfigError now, not a failed request later
+        await self._checker.check(spec, backend=backend)  # ValidationError: nothing written
         request, new = await self.store.add_request(
             spec.model_dump(mode="json"),
             name=spec.name,

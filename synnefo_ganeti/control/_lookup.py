@@ -9,7 +9,7 @@ call without ``backend`` takes an id, and a call with ``backend`` a name, as bef
 from __future__ import annotations
 
 from synnefo_ganeti.errors import NotFoundError
-from synnefo_ganeti.store import Store, StoredInstance
+from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
 
 __all__ = ["find_instance", "resolve_instance"]
 
@@ -33,4 +33,12 @@ async def resolve_instance(store: Store, name_or_id: str, backend: str | None) -
         raise NotFoundError(
             f"no instance has id {name_or_id}; check the id, or give the instance's name with its backend"
         )
+    if instance.status is InstanceStatus.DESTROYED:
+        # its name may have a new life (another row, another id): never act on that one
+        current = await store.get_instance(instance.backend, instance.name)
+        if current is not None and current.id != instance.id:
+            raise NotFoundError(
+                f"instance {instance.id} ({instance.name} of backend {instance.backend}) is DESTROYED; "
+                f"its name is now instance {current.id}'s: use that id to act on the new one"
+            )
     return instance.backend, instance.name

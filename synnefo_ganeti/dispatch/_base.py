@@ -22,6 +22,7 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti._backends import BackendResources
 from synnefo_ganeti.allocate import Allocator, BackendView, Reservation
 from synnefo_ganeti.config import BackendSettings, Settings
+from synnefo_ganeti.control._validate import Catalogs
 from synnefo_ganeti.daemon import StatusServer, Supervisor, SystemdNotifier
 from synnefo_ganeti.dispatch._liveness import DispatcherLock, new_dispatcher_id
 from synnefo_ganeti.dispatch._tracker import JobTracker
@@ -106,6 +107,12 @@ class DispatcherBase(BackendResources):
         self._inflight: set[asyncio.Task[None]] = set()
         # (backend, job id) -> the reservation and when the job was recorded
         self._jobs: dict[tuple[str, int], Reservation] = {}
+        # (backend, create job id) -> its request; request id -> backends its create failed on
+        # for a reason of theirs (the OS missing, the instance policy): not placed there again
+        self._job_requests: dict[tuple[str, int], str] = {}
+        self._avoid: dict[str, set[str]] = {}
+        #: per backend what it offers (OSes, ipolicy), for placement (control/_validate.py)
+        self.catalogs = Catalogs(self.client)
         self._health_task: asyncio.Task[Any] | None = None
         self._reload_lock = asyncio.Lock()
         # backend -> (when, the listing of its jobs by reason) for crash recovery

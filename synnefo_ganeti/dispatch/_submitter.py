@@ -26,7 +26,14 @@ from synnefo_ganeti.errors import (
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import InstanceSpec, is_transient, is_unsent
 from synnefo_ganeti.reconcile._observe import expectation
-from synnefo_ganeti.store import CommitInfo, Request, RequestNotHeldError, is_capacity_error, request_tag
+from synnefo_ganeti.store import (
+    CommitInfo,
+    Request,
+    RequestNotHeldError,
+    is_backend_error,
+    is_capacity_error,
+    request_tag,
+)
 
 __all__ = ["Submitter"]
 
@@ -156,6 +163,13 @@ class Submitter(Recovery):
         try:
             reservation = self._reserve(request, spec)
         except NoCapacityError as exc:
+            avoid = self._avoid.get(request.id, set())
+            if avoid and (request.want_backend in avoid or avoid >= set(self._backends)):
+                # its create failed for a reason of the backend on every backend it may go to
+                self._avoid.pop(request.id, None)
+                why = (request.error or "its create failed").removesuffix("; placing it again")
+                await self._fail(request, f"{why}; no other backend takes it")
+                return None
             return str(exc)
         name = reservation.name
         tags = list(
@@ -223,6 +237,7 @@ class Submitter(Recovery):
             await self._fail(request, f"{name} refused the create: {exc}", placed=True)
             return None
         self._jobs[(name, job_id)] = reservation
+        self._job_requests[(name, job_id)] = request.id
         self.allocator.submitted(reservation)
         recorded = await self.store.submitted_request(request.id, job_id, start=spec.start)
         self.stats.submitted += 1
@@ -242,7 +257,7 @@ class Submitter(Recovery):
                 Requirement.of(spec), {wanted: "not a backend of this dispatcher's configuration"}
             )
         nodes = chooses_nodes(spec, self.settings.dispatcher.node_placement)
-        return self.allocator.place(spec, only=wanted, nodes=nodes)
+        return self.allocator.place(spec, only=wanted, nodes=nodes, exclude=self._avoid.get(request.id, ()))
 
     def _on_commit(self, info: CommitInfo) -> None:
         """Job ends the writer stored: the allocator learns, capacity is accounted."""
@@ -251,11 +266,14 @@ class Submitter(Recovery):
             if not summary.status.is_final:
                 continue
             reservation = self._jobs.pop((backend, summary.job_id), None)
+            request_id = self._job_requests.pop((backend, summary.job_id), None)
             if reservation is None:
                 continue
             ended = True
             ok = summary.status is JobStatus.SUCCESS
             error = next((op.error for op in summary.ops if op.error), None)
+            if request_id is not None:
+                self._remember_refusal(request_id, backend, error if not ok else None)
             if not ok and is_capacity_error(error):
                 self.stats.capacity_retries += 1  # the store put the request back to be placed again
                 # its nodes had no room after all (stale stats): none of them until fresh stats
@@ -273,6 +291,16 @@ class Submitter(Recovery):
                 self.allocator.release(reservation)
         if ended:
             self._wake.set()
+
+    def _remember_refusal(self, request_id: str, backend: str, error: str | None) -> None:
+        """A create that failed for a reason of its backend other than room (the OS missing
+        there, its policy: the store puts it back to be placed) is not placed there again;
+        that backend's OS list is read again at its next node stats."""
+        if error is not None and is_backend_error(error) and not is_capacity_error(error):
+            self._avoid.setdefault(request_id, set()).add(backend)
+            self.catalogs.forget(backend)
+        else:
+            self._avoid.pop(request_id, None)
 
 
 _REQUEST_END = {JobStatus.SUCCESS: "succeeded", JobStatus.ERROR: "failed", JobStatus.CANCELED: "canceled"}

@@ -180,7 +180,10 @@ class BackendWiring(DispatcherBase):
         client = await self.client(name)
         read_at = time.monotonic()
         try:
-            nodes, info = await asyncio.gather(client.list_nodes(), client.info())
+            # the OS list is asked seldom (a job in Ganeti): Catalogs keeps it CATALOG_INTERVAL s
+            nodes, info, oses = await asyncio.gather(
+                client.list_nodes(), client.info(), self.catalogs.oses(name, client)
+            )
         except GanetiError as exc:
             log.info("backend %s: node stats not refreshed (%s)", name, exc)
             return
@@ -196,6 +199,7 @@ class BackendWiring(DispatcherBase):
                 drained=settings.drained,
                 healthy=self.health.tracker.is_up(name) if self.health is not None else True,
                 stats_at=read_at,
+                catalog=self.catalogs.update(name, info, nodes, oses),
             )
         )
 

@@ -230,6 +230,16 @@ class RapiClient:
             self._features = [str(item) for item in answer]
         return list(self._features)
 
+    async def list_os(self) -> list[str]:
+        """The OSes every node offers, a variant as ``os+variant`` (``GET /2/os``; Ganeti runs an
+        ``OP_OS_DIAGNOSE`` job for it, so ask seldom)."""
+        answer = await self._get("/2/os")
+        if not isinstance(answer, list):
+            raise RapiError(
+                f"{self.where}: GET /2/os answered {answer!r}, not a list of OS names", url=self.url
+            )
+        return [str(item) for item in answer]
+
     async def list_nodes(self) -> list[Node]:
         """Every node with its capacity (``GET /2/nodes?bulk=1``)."""
         answer = await self._get("/2/nodes", {"bulk": "1"})

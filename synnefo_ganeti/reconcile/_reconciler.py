@@ -121,7 +121,8 @@ async def snapshot_db(store: Store, backend: str) -> DbSnapshot:
     jobs = await store.list_jobs(backend=backend, status=_NOT_FINAL)
     return DbSnapshot(
         backend=backend,
-        instances={instance.name: instance for instance in instances},
+        # a name's current row (listed first: live, else the newest DESTROYED), not an earlier life
+        instances={instance.name: instance for instance in reversed(instances)},
         jobs={job.job_id: job for job in jobs},
         taken_at=taken_at,
     )

@@ -18,7 +18,7 @@ from synnefo_ganeti.store._instances import (
 from synnefo_ganeti.store._migrate import current_revision, head_revision, upgrade
 from synnefo_ganeti.store._observed import OBSERVED_FIELDS, record_observed, store_observed
 from synnefo_ganeti.store._requests import Request, RequestStatus, new_request_id, request_tag
-from synnefo_ganeti.store._settle import is_capacity_error
+from synnefo_ganeti.store._settle import is_backend_error, is_capacity_error
 from synnefo_ganeti.store._store import (
     CommitInfo,
     JobVersion,
@@ -53,6 +53,7 @@ __all__ = [
     "display_url",
     "head_revision",
     "instance_status_after",
+    "is_backend_error",
     "is_capacity_error",
     "new_request_id",
     "normalize_url",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Row, Table, delete, insert, select, update
+from sqlalchemy import Connection, Row, Table, case, delete, insert, select, update
 
 from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.errors import ConflictError, NotFoundError
@@ -34,6 +34,8 @@ __all__ = [
     "StoredInstance",
     "add_instance_row",
     "apply_final_jobs",
+    "current_row",
+    "get_instance_by_id",
     "get_instance_row",
     "instance_jobs_t",
     "instance_status_after",
@@ -276,11 +278,26 @@ def row_id_of(conn: Connection, instance_id: str) -> int:
     return int(conn.execute(select(instances_t.c.id).where(instances_t.c.uuid == instance_id)).scalar_one())
 
 
+def current_row(conn: Connection, backend_id: int, name: str, *columns: Any) -> Row[Any] | None:
+    """The row of ``name`` on the backend: the live one (not DESTROYED; at most one), else the
+    most recent DESTROYED one; None: the name was never stored. ``columns``: default all."""
+    query = select(*(columns or (instances_t,))).where(
+        instances_t.c.backend_id == backend_id, instances_t.c.name == name
+    )
+    destroyed = case((instances_t.c.status == InstanceStatus.DESTROYED.value, 1), else_=0)
+    return conn.execute(query.order_by(destroyed, instances_t.c.id.desc()).limit(1)).first()
+
+
+def get_instance_by_id(conn: Connection, instance_id: str, backend: str) -> StoredInstance:
+    """The instance whose public id is ``instance_id`` (of ``backend``): a re-read after a write."""
+    row = conn.execute(select(instances_t).where(instances_t.c.uuid == instance_id)).one()
+    return StoredInstance.from_row(row, backend)
+
+
 def get_instance_row(conn: Connection, backend_id: int, backend: str, name: str) -> StoredInstance:
-    """The instance ``name`` of ``backend``; :class:`NotFoundError` when the database has none."""
-    row = conn.execute(
-        select(instances_t).where(instances_t.c.backend_id == backend_id, instances_t.c.name == name)
-    ).first()
+    """The instance ``name`` of ``backend`` (its live row, else its most recent one, see
+    :func:`current_row`); :class:`NotFoundError` when the database has none."""
+    row = current_row(conn, backend_id, name)
     if row is None:
         raise NotFoundError(
             f"instance {name} of backend {backend} is not in the database; check the name and "
@@ -292,10 +309,11 @@ def get_instance_row(conn: Connection, backend_id: int, backend: str, name: str)
 def add_instance_row(
     conn: Connection, backend_id: int, backend: str, name: str, values: dict[str, Any]
 ) -> StoredInstance:
-    """A new row, or a new life for a DESTROYED or ERROR one; :class:`ConflictError` otherwise.
+    """A new row: a new life for a name whose row is DESTROYED or ERROR (an ERROR row becomes
+    DESTROYED first); :class:`ConflictError` when the name's row is in any other state.
 
-    Each life gets a new public id: whoever held the earlier life's id (its request) does
-    not find the new instance under it."""
+    Each life is a row of its own with a new public id: the earlier life's row stays (its id
+    finds it, DESTROYED), and whoever held that id (its request) does not find the new one."""
     now = datetime.now(UTC)
     values = {
         **values,
@@ -307,24 +325,29 @@ def add_instance_row(
         "last_error": None,
         "updated_at": now,
     }
-    where = (instances_t.c.backend_id == backend_id, instances_t.c.name == name)
-    row = conn.execute(select(instances_t.c.id, instances_t.c.status).where(*where)).first()
-    if row is None:
-        conn.execute(insert(instances_t).values(backend_id=backend_id, name=name, created_at=now, **values))
-    elif row.status in (InstanceStatus.DESTROYED, InstanceStatus.ERROR):
-        # jobs of the name's previous life must not move the new one
+    row = current_row(conn, backend_id, name, instances_t.c.id, instances_t.c.status)
+    if row is not None and row.status not in (InstanceStatus.DESTROYED, InstanceStatus.ERROR):
+        raise ConflictError(
+            f"instance {name} of backend {backend} is already in the database ({row.status}); "
+            "delete it first or pick another name"
+        )
+    if row is not None:
+        # jobs of the name's previous life not applied yet must not move its row any more (back
+        # out of DESTROYED, while the name is the new row's)
         conn.execute(
             delete(instance_jobs_t).where(
                 instance_jobs_t.c.instance_id == row.id, instance_jobs_t.c.applied_at.is_(None)
             )
         )
-        conn.execute(update(instances_t).where(instances_t.c.id == row.id).values(**values))
-    else:
-        raise ConflictError(
-            f"instance {name} of backend {backend} is already in the database ({row.status}); "
-            "delete it first or pick another name"
+    if row is not None and row.status == InstanceStatus.ERROR:
+        # the ERROR life ends (its row stays, DESTROYED) before the new one starts
+        conn.execute(
+            update(instances_t)
+            .where(instances_t.c.id == row.id)
+            .values(status=InstanceStatus.DESTROYED.value, task=None, task_job_id=None, updated_at=now)
         )
-    return get_instance_row(conn, backend_id, backend, name)
+    conn.execute(insert(instances_t).values(backend_id=backend_id, name=name, created_at=now, **values))
+    return get_instance_by_id(conn, values["uuid"], backend)
 
 
 def record_job(
@@ -373,4 +396,4 @@ def record_job(
     summary = stored_final_job(conn, backend_id, job_id)
     if summary is not None:
         apply_final_jobs(conn, [(backend_id, job_id, summary)], now)
-    return get_instance_row(conn, backend_id, backend, name)
+    return get_instance_by_id(conn, instance.id, backend)

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, TypedDict, Unpack
 
-from sqlalchemy import select, update
+from sqlalchemy import case, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -25,6 +25,7 @@ from synnefo_ganeti.store._instances import (
     InstanceStatus,
     StoredInstance,
     add_instance_row,
+    get_instance_by_id,
     get_instance_row,
     instance_jobs_t,
     instances_t,
@@ -46,6 +47,8 @@ class InstancePage(TypedDict, total=False):
     limit: int | None
     after: str | None
 
+
+_DESTROYED_LAST = case((instances_t.c.status == InstanceStatus.DESTROYED.value, 1), else_=0)
 
 _UPDATABLE = frozenset(
     {"status", "owned", "os", "disk_template", "beparams", "nics", "disks", "tags", "state_time"}
@@ -113,7 +116,7 @@ class Instances:
             )
             if instance.status is InstanceStatus.BUILD and new_status and instance.create_job_id is not None:
                 _settle.settle_by_instance(conn, backend_id, instance.create_job_id, new_status)
-            return get_instance_row(conn, backend_id, backend, name)
+            return get_instance_by_id(conn, instance.id, backend)
 
         return await self.writer.call(run)
 
@@ -135,7 +138,10 @@ class Instances:
             if limit is not None or after is not None:
                 query = query.order_by(instances_t.c.uuid).limit(limit)
             else:
-                query = query.order_by(backends_t.c.name, instances_t.c.name)
+                # a name's live row first, then its DESTROYED ones, newest first
+                query = query.order_by(
+                    backends_t.c.name, instances_t.c.name, _DESTROYED_LAST, instances_t.c.id.desc()
+                )
             if after is not None:
                 query = query.where(instances_t.c.uuid > after)
             if instance_id is not None:
@@ -154,11 +160,18 @@ class Instances:
 
     async def jobs_of(self, backend: str, name: str) -> list[dict[str, Any]]:
         async def run(conn: AsyncConnection) -> list[dict[str, Any]]:
-            query = (
-                select(instance_jobs_t)
-                .join(instances_t, instances_t.c.id == instance_jobs_t.c.instance_id)
+            # the jobs of the name's current row (see _instances.current_row), not of earlier lives
+            current = (
+                select(instances_t.c.id)
                 .join(backends_t, backends_t.c.id == instances_t.c.backend_id)
                 .where(backends_t.c.name == backend, instances_t.c.name == name)
+                .order_by(_DESTROYED_LAST, instances_t.c.id.desc())
+                .limit(1)
+                .scalar_subquery()
+            )
+            query = (
+                select(instance_jobs_t)
+                .where(instance_jobs_t.c.instance_id == current)
                 .order_by(instance_jobs_t.c.job_id)
             )
             return [dict(row._mapping) for row in await conn.execute(query)]
@@ -209,6 +222,6 @@ class Instances:
                 .values(applied_at=now, result=result.value)
             )
             _settle.settle_job(conn, backend_id, job_id, status, why)
-            return get_instance_row(conn, backend_id, backend, name)
+            return get_instance_by_id(conn, instance.id, backend)
 
         return await self.writer.call(run)

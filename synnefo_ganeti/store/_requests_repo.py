@@ -23,6 +23,7 @@ from synnefo_ganeti.store._instances import (
     InstanceAction,
     InstanceStatus,
     add_instance_row,
+    current_row,
     instances_t,
     record_job,
 )
@@ -140,11 +141,14 @@ class Requests:
                     exclude_instance=before.instance_id,
                 )
             request = _requests.place(conn, request_id, dispatcher, backend_id)
-            existing = conn.execute(
-                select(instances_t.c.uuid, instances_t.c.status, instances_t.c.create_job_id).where(
-                    instances_t.c.backend_id == backend_id, instances_t.c.name == request.instance
-                )
-            ).first()
+            existing = current_row(
+                conn,
+                backend_id,
+                request.instance,
+                instances_t.c.uuid,
+                instances_t.c.status,
+                instances_t.c.create_job_id,
+            )
             # a retry of this request's own earlier attempt finds its BUILD row: keep it; a BUILD
             # row of anyone else's (another request, a create of the facade's) is refused
             if (

@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -51,6 +52,9 @@ NAMING = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+#: the instance status whose rows leave their name free (InstanceStatus.DESTROYED, spelled out)
+DESTROYED = "DESTROYED"
 
 # SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL gets a bigint identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -111,7 +115,19 @@ class Instance(Base):
     """
 
     __tablename__ = "instances"
-    __table_args__ = (UniqueConstraint("backend_id", "name"), UniqueConstraint("uuid"))
+    __table_args__ = (
+        # a name is one row's while that row is not DESTROYED; DESTROYED rows stay (their ids
+        # stay findable) however often the name is reused
+        Index(
+            "uq_instances_backend_id_name_live",
+            "backend_id",
+            "name",
+            unique=True,
+            postgresql_where=text(f"status <> '{DESTROYED}'"),
+            sqlite_where=text(f"status <> '{DESTROYED}'"),
+        ),
+        UniqueConstraint("uuid"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     #: the public id (``StoredInstance.id``): a UUID given when the row is first written, never reused

@@ -1,8 +1,9 @@
 """Requests settled by their create job's end, inside the writer's transaction.
 
 The create job's end, stored by the watcher or the reconciler, ends the submitted
-request with it: succeeded, failed or canceled; a create that failed for lack of room
-goes back to be placed again (up to :data:`MAX_ATTEMPTS` placements).
+request with it: succeeded, failed or canceled; a create that failed for a reason of its
+backend (no room, the OS missing there, the instance policy) goes back to be placed again
+(up to :data:`MAX_ATTEMPTS` placements).
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from sqlalchemy import Connection, select, update
 from synnefo_ganeti.jobs import JobStatus, JobSummary
 from synnefo_ganeti.store._requests import RequestStatus, requests_t
 
-__all__ = ["MAX_ATTEMPTS", "is_capacity_error", "settle_by_instance", "settle_job", "settle_requests"]
+__all__ = [
+    "MAX_ATTEMPTS",
+    "is_backend_error",
+    "is_capacity_error",
+    "settle_by_instance",
+    "settle_job",
+    "settle_requests",
+]
 
 
 def settle_requests(
@@ -35,9 +43,11 @@ def settle_requests(
     for row in rows:
         summary = by_job[row.job_id]
         status, error = _outcome(summary)
-        if status is RequestStatus.FAILED and is_capacity_error(error) and row.attempts < MAX_ATTEMPTS:
+        if status is RequestStatus.FAILED and is_backend_error(error) and row.attempts < MAX_ATTEMPTS:
             # The backend had no room after all (its node stats were older than the
-            # creates that filled it): the request goes back to be placed again.
+            # creates that filled it), or lacks the OS, or its policy refused the spec:
+            # the request goes back to be placed again (the dispatcher avoids that backend).
+            why = "found no room" if is_capacity_error(error) else "was refused by its backend"
             conn.execute(
                 update(requests_t)
                 .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
@@ -48,7 +58,7 @@ def settle_requests(
                     claimed_by=None,
                     claimed_at=None,
                     submitted_at=None,
-                    error=f"job {row.job_id} found no room ({error}); placing it again",
+                    error=f"job {row.job_id} {why} ({error}); placing it again",
                     updated_at=now,
                 )
             )
@@ -107,6 +117,24 @@ def is_capacity_error(message: str | None) -> bool:
     """Whether a failed create's message says the backend had no room (Ganeti's ECODE_NORES)."""
     text = (message or "").lower()
     return any(marker in text for marker in _CAPACITY_ERRORS)
+
+
+#: a create that failed for these reasons (besides no room) may succeed on another backend:
+#: the OS missing there (Ganeti's OS checks), its instance policy, a template it has not enabled
+_BACKEND_ERRORS = (
+    "not in supported os list",
+    "directory for os",
+    "os parameters validation failed",
+    "violates policy",
+    "is not enabled in cluster",
+)
+
+
+def is_backend_error(message: str | None) -> bool:
+    """Whether a failed create's message blames its backend, not the spec: no room there
+    (:func:`is_capacity_error`), or an OS, instance policy or disk template of that backend."""
+    text = (message or "").lower()
+    return is_capacity_error(message) or any(marker in text for marker in _BACKEND_ERRORS)
 
 
 def _outcome(summary: JobSummary) -> tuple[RequestStatus, str | None]:

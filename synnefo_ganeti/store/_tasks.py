@@ -29,6 +29,7 @@ from synnefo_ganeti.store._instances import (
     InstanceAction,
     InstanceStatus,
     StoredInstance,
+    get_instance_by_id,
     get_instance_row,
     instance_jobs_t,
     instances_t,
@@ -104,7 +105,7 @@ def reserve_task(
         .where(instances_t.c.uuid == instance.id)
         .values(task=task, task_job_id=None, updated_at=now)
     )
-    return Reservation(get_instance_row(conn, backend_id, backend, name))
+    return Reservation(get_instance_by_id(conn, instance.id, backend))
 
 
 def release_task(
@@ -133,7 +134,7 @@ def release_task(
         conn.execute(
             update(instances_t).where(instances_t.c.uuid == instance.id).values(**values, updated_at=now)
         )
-    return get_instance_row(conn, backend_id, backend, name)
+    return get_instance_by_id(conn, instance.id, backend)
 
 
 def destroy_missing(conn: Connection, backend_id: int, backend: str, name: str) -> StoredInstance:
@@ -155,4 +156,4 @@ def destroy_missing(conn: Connection, backend_id: int, backend: str, name: str) 
             updated_at=datetime.now(UTC),
         )
     )
-    return get_instance_row(conn, backend_id, backend, name)
+    return get_instance_by_id(conn, instance.id, backend)

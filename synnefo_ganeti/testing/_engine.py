@@ -66,6 +66,13 @@ DEFAULT_OP_TIMES: dict[str, float] = {
 }
 
 
+#: Ganeti 3.0's default instance policy (``constants.IPOLICY_DEFAULTS``), as recorded in data/info.json
+DEFAULT_IPOLICY: dict[str, tuple[int, int]] = {
+    "memory-size": (128, 32768), "cpu-count": (1, 8), "disk-size": (1024, 1048576),
+    "disk-count": (1, 16), "nic-count": (1, 8), "spindle-use": (1, 12),
+}  # fmt: skip
+
+
 class FakeCluster:
     """An in-memory Ganeti cluster with a job queue; the state behind :class:`FakeGaneti`."""
 
@@ -87,6 +94,7 @@ class FakeCluster:
         archive_after: float | None = None,
         opportunistic_retry: float = 2.0,
         default_iallocator: str = "hail",
+        ipolicy: dict[str, tuple[int, int]] | None = None,
     ) -> None:
         self.name = name
         if isinstance(nodes, int):
@@ -100,6 +108,8 @@ class FakeCluster:
         self.nodes: dict[str, FakeNode] = {node.name: node for node in nodes}
         self.instances: dict[str, FakeInstance] = {}
         self.oses = set(oses)
+        #: the instance policy's one minmax pair: key -> (min, max), as GET /2/info shows it
+        self.ipolicy: dict[str, tuple[int, int]] = DEFAULT_IPOLICY | (ipolicy or {})
         self.disk_templates = list(disk_templates)
         self.hypervisor = hypervisor
         self.link = link

@@ -85,7 +85,9 @@ class FakeGaneti:
       ``op_times["OP_INSTANCE_CREATE/disks"]``: the part of a create that holds its node locks;
     * ``default_iallocator`` (``hail``): what a create without ``pnode`` uses;
       ``opportunistic_retry``: seconds between an opportunistic create's lock attempts (Ganeti's 2);
-    * ``oses``, ``disk_templates``, ``cluster_name``.
+    * ``oses`` (``GET /2/os``; a variant as ``os+variant``), ``disk_templates``, ``cluster_name``;
+    * ``ipolicy``: the instance policy's bounds, ``{"memory-size": (min, max), ...}`` over the
+      default ones (``cpu-count``, ``disk-size``, ``disk-count``, ``nic-count``, ``spindle-use``).
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class FakeGaneti:
         cluster_name: str = "cluster.fake.test",
         default_iallocator: str = "hail",
         opportunistic_retry: float = 2.0,
+        ipolicy: dict[str, tuple[int, int]] | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, not {nodes}")
@@ -137,6 +140,7 @@ class FakeGaneti:
             "node_cpus": node_cpus, "oses": oses, "disk_templates": disk_templates,
             "max_running_jobs": max_running_jobs, "op_times": op_times, "archive_after": archive_after,
             "default_iallocator": default_iallocator, "opportunistic_retry": opportunistic_retry,
+            "ipolicy": ipolicy,
         }  # fmt: skip
         self._app_kwargs: dict[str, Any] = {
             "max_clients": max_clients,

@@ -4,7 +4,7 @@
   locks on (creates placed but not yet ended hold their memory in ``cluster.reserved``:
   the fake counts it where Ganeti's hail reads the nodes' live free memory);
 * :func:`choose_node`: the op's ``pnode`` (checked) or the usable node with the most free memory;
-* :func:`check_policy`: the default instance policy (memory, CPUs, disk sizes);
+* :func:`check_policy`: the instance policy (memory, CPUs, disk sizes; ``cluster.ipolicy``);
 * :func:`check_room`: free memory and disk on the chosen node.
 
 Failures are :class:`~._cluster.OpFailure` with Ganeti 3.0's messages.
@@ -73,16 +73,14 @@ def check_policy(
     cluster: FakeCluster, memory: int, vcpus: int, template: str, disks: list[dict[str, Any]]
 ) -> None:
     problems = []
-    if not 128 <= memory <= 32768:
-        problems.append(f"memory-size value {memory} is not in range [128, 32768]")
-    if not 1 <= vcpus <= 8:
-        problems.append(f"cpu-count value {vcpus} is not in range [1, 8]")
+    bounds = cluster.ipolicy
+    checks = [("memory-size", memory), ("cpu-count", vcpus)]
     if template != "diskless":
-        problems += [
-            f"disk-size/{i} value {d['size']} is not in range [1024, 1048576]"
-            for i, d in enumerate(disks)
-            if not 1024 <= d["size"] <= 1048576
-        ]
+        checks += [(f"disk-size/{i}", d["size"]) for i, d in enumerate(disks)]
+    for key, value in checks:
+        low, high = bounds[key.split("/")[0]]
+        if not low <= value <= high:
+            problems.append(f"{key} value {value} is not in range [{low}, {high}]")
     if problems:
         raise OpFailure(
             "OpPrereqError",

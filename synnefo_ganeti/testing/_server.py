@@ -86,6 +86,7 @@ class RapiApp:
             ("GET", "/version", self._version),
             ("GET", "/2/info", self._info),
             ("GET", "/2/features", self._features),
+            ("GET", "/2/os", self._os),
             ("GET", "/2/nodes", self._nodes),
             ("GET", "/2/nodes/{name}", self._node),
             ("GET", "/2/instances", self._instances),
@@ -252,8 +253,15 @@ class RapiApp:
             max_running_jobs=cluster.max_running_jobs, master_netdev=cluster.link, uuid=cluster.group_uuid,
             default_iallocator=cluster.default_iallocator,
         )  # fmt: skip
-        info["ipolicy"] = dict(info["ipolicy"], **{"disk-templates": list(cluster.disk_templates)})
+        low = {key: bounds[0] for key, bounds in cluster.ipolicy.items()}
+        high = {key: bounds[1] for key, bounds in cluster.ipolicy.items()}
+        templates = {"disk-templates": list(cluster.disk_templates)}
+        info["ipolicy"] = dict(info["ipolicy"], minmax=[{"min": low, "max": high}], **templates)
         return info
+
+    async def _os(self, request: web.Request) -> Any:
+        # Ganeti answers from an OP_OS_DIAGNOSE job: the valid OSes every node has, "os+variant"
+        return sorted(self.cluster.oses)
 
     async def _features(self, request: web.Request) -> Any:
         return list(_FEATURES)

@@ -13,14 +13,17 @@ import functools
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import insert
 
 from synnefo_ganeti import ConflictError, ControlPlane, NotFoundError
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.store import InstanceStatus, RequestStatus, Store, StoredInstance
+from synnefo_ganeti.store._instances import instances_t
 from synnefo_ganeti.testing import FakeGaneti
 from synnefo_ganeti.watch import QueueWatcher
 from tests import helpers
@@ -99,13 +102,16 @@ async def test_an_instance_id_is_a_uuid_given_once_and_never_reused(db_url: str)
         updated = await store.update_instance("b1", "vm1", status=InstanceStatus.STARTED)
         assert updated.id == first.id
         assert await store.get_instance(None, None, id=first.id) == updated
-        # a new life of the name is a new instance: a new id; the old one finds nothing
+        # a new life of the name is a new instance: a new id (a row of its own); the old id
+        # still finds the old instance, DESTROYED
         await store.update_instance("b1", "vm1", status=InstanceStatus.DESTROYED)
         again = await store.add_instance("b1", "vm1")
         assert is_uuid(again.id) and again.id not in {first.id, other.id}
-        assert await store.get_instance(None, None, id=first.id) is None
+        old = await store.get_instance(None, None, id=first.id)
+        assert old is not None and old.name == "vm1" and old.status is InstanceStatus.DESTROYED
         found = await store.get_instance(None, None, id=again.id)
         assert found is not None and found.name == "vm1" and found.status is InstanceStatus.BUILD
+        assert await store.get_instance("b1", "vm1") == found  # by name: the live row
         assert await store.get_instance(None, None, id=str(uuid.uuid4())) is None
 
 
@@ -132,7 +138,79 @@ async def test_a_request_points_at_its_own_instance_even_after_the_name_is_reuse
         newer = await store.add_instance("b1", "vm1", unique_names="global")
         old_request = await store.get_request(request.id)
         assert old_request is not None and old_request.instance_id == own.id != newer.id
-        assert await store.get_instance(None, None, id=old_request.instance_id) is None
+        old = await store.get_instance(None, None, id=old_request.instance_id)
+        assert old is not None and (old.id, old.name, old.backend) == (own.id, "vm1", "b1")
+        assert old.status is InstanceStatus.DESTROYED and old.create_job_id == 17
+        new = await store.get_instance(None, None, id=newer.id)
+        assert new is not None and new.status is InstanceStatus.BUILD and new.create_job_id is None
+        # by name, the live row; both lives are listed, the live one first
+        assert await store.get_instance("b1", "vm1") == new
+        assert [i.id for i in await store.list_instances(backend="b1", name="vm1")] == [new.id, own.id]
+        # the new life is destroyed and reused again: each id keeps finding its own instance
+        await store.update_instance("b1", "vm1", status=InstanceStatus.DESTROYED)
+        assert (await store.get_instance("b1", "vm1")).id == new.id  # type: ignore[union-attr]
+        third = await store.add_instance("b1", "vm1")
+        ids = [i.id for i in await store.list_instances(backend="b1", name="vm1")]
+        assert ids == [third.id, new.id, own.id] and len(set(ids)) == 3
+
+
+async def test_an_error_instance_starting_a_new_life_is_destroyed_and_kept(db_url: str) -> None:
+    """An ERROR row whose name is reused becomes DESTROYED (not rewritten): its id finds it,
+    its unapplied jobs move nothing, and the new life's jobs are its own."""
+    async with Store(db_url) as store:
+        first = await store.add_instance("b1", "vm1")
+        assert await store.ensure_backend("b1") == 1
+        await store.record_instance_job("b1", "vm1", 5, "create", start=True)
+        await store.update_instance("b1", "vm1", status=InstanceStatus.ERROR)
+        again = await store.add_instance("b1", "vm1")
+        assert again.id != first.id and again.status is InstanceStatus.BUILD
+        old = await store.get_instance(None, None, id=first.id)
+        assert old is not None and old.status is InstanceStatus.DESTROYED and old.task is None
+        assert await store.instance_jobs("b1", "vm1") == []  # the new life has none yet
+        await store.record_instance_job("b1", "vm1", 6, "create", start=True)
+        assert [job["job_id"] for job in await store.instance_jobs("b1", "vm1")] == [6]
+        with pytest.raises(ConflictError, match="already in the database"):
+            await store.add_instance("b1", "vm1")
+        # the database itself refuses a second live row of the name (a partial unique index),
+        # and takes any number of DESTROYED ones
+        now = datetime.now(UTC)
+
+        def insert_row(status: InstanceStatus) -> Any:
+            def run(conn: Any) -> None:
+                conn.execute(
+                    insert(instances_t).values(
+                        backend_id=1, name="vm1", status=status.value, created_at=now, updated_at=now
+                    )
+                )
+
+            return run
+
+        with pytest.raises(ConflictError, match="another write got there first"):
+            await store.call(insert_row(InstanceStatus.STARTED))
+        await store.call(insert_row(InstanceStatus.DESTROYED))
+        rows = await store.list_instances(backend="b1", name="vm1")
+        assert [i.status for i in rows] == [InstanceStatus.BUILD] + [InstanceStatus.DESTROYED] * 2
+        assert rows[0].id == again.id and len({i.id for i in rows}) == 3
+
+
+async def test_acting_on_a_destroyed_id_never_touches_the_new_life_of_its_name(
+    tmp_path: Path, db_url: str
+) -> None:
+    async with two_backends(tmp_path, db_url) as (_, cp):
+        first, _ = await cp.create_instance(spec("vm1.fake.test"), backend="f1")
+        await until(cp, first.id, InstanceStatus.STARTED)
+        await cp.delete_instance(first.id)
+        await until(cp, first.id, InstanceStatus.DESTROYED)
+        second, _ = await cp.create_instance(spec("vm1.fake.test"), backend="f1")
+        assert second.id != first.id
+        await until(cp, second.id, InstanceStatus.STARTED)
+        old = await cp.get_instance(first.id)
+        assert old is not None and old.status is InstanceStatus.DESTROYED and old.name == second.name
+        assert await cp.get_instance("vm1.fake.test", backend="f1") == await cp.get_instance(second.id)
+        with pytest.raises(NotFoundError, match=f"its name is now instance {second.id}"):
+            await cp.shutdown_instance(first.id)
+        current = await cp.get_instance(second.id)
+        assert current is not None and current.status is InstanceStatus.STARTED and current.task is None
 
 
 async def test_get_and_act_on_an_instance_by_its_id(tmp_path: Path, db_url: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from synnefo_ganeti import ConfigError, ConflictError, ControlPlane, NotFoundError
+from synnefo_ganeti import ConfigError, ConflictError, ControlPlane, NotFoundError, ValidationError
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.errors import AuthenticationError
 from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
@@ -103,8 +103,13 @@ async def test_stopped_create_and_failed_create(tmp_path, db_url) -> None:
     async with plane(tmp_path, db_url) as (fake, cp):
         await cp.create_instance(spec("vm2.fake.test", start=False), backend="f1")
         await until(cp, "vm2.fake.test", InstanceStatus.STOPPED)
-        # Ganeti accepts the job, which then fails: the instance ends in ERROR
-        await cp.create_instance(spec("vm3.fake.test", os="no-such-os"), backend="f1")
+        # an OS the backend does not offer is refused at once, nothing written (control/_validate.py)
+        with pytest.raises(ValidationError, match="no-such-os"):
+            await cp.create_instance(spec("vm3.fake.test", os="no-such-os"), backend="f1")
+        assert await cp.get_instance("vm3.fake.test", backend="f1") is None
+        # Ganeti accepts the job, which then fails (the OS went away after the catalog was read)
+        fake.cluster.oses.clear()
+        await cp.create_instance(spec("vm3.fake.test"), backend="f1")
         await until(cp, "vm3.fake.test", InstanceStatus.ERROR)
         # Ganeti refuses the request at once: ERROR without a job
         fake.inject_fault("401", method="POST", path="/2/instances", times=1)

@@ -171,6 +171,9 @@ async def test_the_dispatcher_routes_around_a_faulty_backend(case: Case, tmp_pat
                     lambda: all(dispatcher.allocator.view(n).stats_at is not None for n in (faulty, healthy)),
                     what="node stats of both backends",
                 )
+                # the requests' checks have the backends' catalogs before the fault (a backend
+                # that hangs would hold the first check for its catalog timeout meanwhile)
+                await cp.validate(spec("vm0.example"))
                 # HTTP faults meet only the creates (the faulty backend stays up and gets them);
                 # network faults break the whole backend, as a network would.
                 if case.fake_kind is not None:

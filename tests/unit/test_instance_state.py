@@ -217,5 +217,11 @@ async def test_instance_rows_are_unique_per_live_name(db_url) -> None:
         with pytest.raises(ValueError, match="not instance fields"):
             await store.update_instance("b1", NAME, colour="blue")
         listed = await store.list_instances()
-        assert [(i.backend, i.name) for i in listed] == [("b1", NAME), ("b2", NAME)]
+        # the old life's row stays, DESTROYED, after the live one of its name
+        assert [(i.backend, i.name, i.status) for i in listed] == [
+            ("b1", NAME, InstanceStatus.BUILD),
+            ("b1", NAME, InstanceStatus.DESTROYED),
+            ("b2", NAME, InstanceStatus.BUILD),
+        ]
+        assert listed[0].id == reborn.id != listed[1].id
         assert [i.name for i in await store.list_instances(status=["BUILD"], backend="b2")] == [NAME]

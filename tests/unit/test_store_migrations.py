@@ -199,3 +199,34 @@ async def test_stores_opened_together_on_a_fresh_database_create_the_schema_once
     finally:
         for store in stores:
             await store.close()
+
+
+async def test_0005_downgrade_keeps_one_row_per_name(db_url: str, engine: AsyncEngine) -> None:
+    """At head a name has one live row and any number of DESTROYED ones; going back to 0004
+    (one row per backend and name) keeps the live row, else the newest."""
+    from sqlalchemy import text
+
+    async with Store(db_url) as store:
+        for name in ("vm1", "vm2"):
+            for _ in range(2):
+                await store.add_instance("b1", name)
+                await store.update_instance("b1", name, status="DESTROYED")
+        live = await store.add_instance("b1", "vm1")
+        newest = (await store.list_instances(name="vm2"))[0]
+        assert len(await store.list_instances()) == 5 and newest.status == "DESTROYED"
+
+    def row_ids(connection: Connection) -> list[int]:
+        query = text("SELECT id FROM instances WHERE uuid IN (:a, :b) ORDER BY name")
+        return [int(row.id) for row in connection.execute(query, {"a": live.id, "b": newest.id})]
+
+    expected = await _run(engine, row_ids)
+    await _run(engine, _command, "downgrade", "0004")
+
+    def rows(connection: Connection) -> list[tuple[Any, ...]]:
+        query = text("SELECT id, name, status FROM instances ORDER BY name")
+        return [tuple(row) for row in connection.execute(query)]
+
+    assert await _run(engine, rows) == [
+        (expected[0], "vm1", "BUILD"),
+        (expected[1], "vm2", "DESTROYED"),
+    ]

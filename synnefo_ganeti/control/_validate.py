@@ -1,0 +1,140 @@
+"""Create specs checked before anything is written: the facade's :class:`SpecChecker`.
+
+``request_instance`` and ``create_instance`` call :meth:`SpecChecker.check` first; a spec no
+backend would take raises :class:`~synnefo_ganeti.ValidationError` at once (see
+:mod:`synnefo_ganeti.allocate._catalog` for the checks). The backends' catalogs (OSes,
+enabled disk templates, instance policy, largest node) are fetched on first use, all
+backends at once, and again once older than ``interval`` seconds (:class:`Catalogs`, which
+the dispatcher's placement uses too). A backend that cannot be reached within ``timeout``
+is skipped (its catalog is tried again after ``retry_after`` seconds): an unreachable
+backend is never a reason to refuse a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+from synnefo_ganeti.allocate import Catalog, check_name, check_numbers, check_spec
+from synnefo_ganeti.config import Settings
+from synnefo_ganeti.errors import GanetiError, RapiNotFoundError
+from synnefo_ganeti.rapi import ClusterInfo, InstanceSpec, Node, RapiClient
+
+__all__ = ["CATALOG_INTERVAL", "Catalogs", "SpecChecker"]
+
+log = logging.getLogger("synnefo_ganeti.control")
+
+#: seconds a backend's catalog is used before it is fetched again (``GET /2/os`` is a job in Ganeti)
+CATALOG_INTERVAL = 300.0
+#: seconds to wait for a backend's catalog before checking without it
+CATALOG_TIMEOUT = 5.0
+#: seconds before a backend whose catalog could not be fetched is asked again
+CATALOG_RETRY = 30.0
+
+
+class Catalogs:
+    """Per backend, its :class:`Catalog`: fetched on first use, again after ``interval`` s."""
+
+    def __init__(
+        self,
+        client: Callable[[str], Awaitable[RapiClient]],
+        *,
+        interval: float = CATALOG_INTERVAL,
+        timeout: float = CATALOG_TIMEOUT,
+        retry_after: float = CATALOG_RETRY,
+    ) -> None:
+        self._client = client
+        self.interval = interval
+        self.timeout = timeout
+        self.retry_after = retry_after
+        self._known: dict[str, tuple[float, Catalog]] = {}
+        self._oses: dict[str, tuple[float, frozenset[str] | None]] = {}
+        self._failed: dict[str, float] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def forget(self, name: str) -> None:
+        """Fetch ``name``'s catalog again on next use (a create there failed for its reasons)."""
+        self._known.pop(name, None)
+        self._oses.pop(name, None)
+        self._failed.pop(name, None)
+
+    def _fresh(self, name: str, now: float) -> bool:
+        known = self._known.get(name)
+        if known is not None and now - known[0] < self.interval:
+            return True
+        failed = self._failed.get(name)
+        return known is None and failed is not None and now - failed < self.retry_after
+
+    async def get(self, names: Iterable[str]) -> list[Catalog]:
+        """The catalogs of ``names`` that are known (fetching the stale ones at once)."""
+        names = list(dict.fromkeys(names))
+        now = time.monotonic()
+        stale = [name for name in names if not self._fresh(name, now)]
+        if stale:
+            await asyncio.gather(*(self._refresh(name) for name in stale))
+        return [self._known[name][1] for name in names if name in self._known]
+
+    async def _refresh(self, name: str) -> None:
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            if self._fresh(name, time.monotonic()):
+                return  # another caller fetched it meanwhile
+            try:
+                async with asyncio.timeout(self.timeout):
+                    client = await self._client(name)
+                    info, nodes, oses = await asyncio.gather(
+                        client.info(), client.list_nodes(), self.oses(name, client)
+                    )
+            except (GanetiError, TimeoutError) as exc:
+                self._failed[name] = time.monotonic()
+                log.info(
+                    "backend %s: catalog not fetched (%s); its checks are skipped", name, exc or "timeout"
+                )
+                return
+            self._store(name, info, nodes, oses)
+
+    def _store(self, name: str, info: ClusterInfo, nodes: list[Node], oses: frozenset[str] | None) -> None:
+        self._known[name] = (time.monotonic(), Catalog.of(name, info, nodes, oses))
+        self._failed.pop(name, None)
+
+    def update(self, name: str, info: ClusterInfo, nodes: list[Node], oses: frozenset[str] | None) -> Catalog:
+        """A catalog from answers read elsewhere (the dispatcher's node stats), kept and returned."""
+        self._store(name, info, nodes, oses)
+        return self._known[name][1]
+
+    async def oses(self, name: str, client: RapiClient | None = None) -> frozenset[str] | None:
+        """``GET /2/os`` of ``name``, asked at most every ``interval`` s; ``None``: not known."""
+        known = self._oses.get(name)
+        if known is not None and time.monotonic() - known[0] < self.interval:
+            return known[1]
+        client = client or await self._client(name)
+        try:
+            oses: frozenset[str] | None = frozenset(await client.list_os())
+        except RapiNotFoundError:
+            oses = None  # a RAPI without /2/os: any OS passes
+        except GanetiError as exc:
+            log.info("backend %s: OS list not fetched (%s)", name, exc)
+            return None if known is None else known[1]
+        self._oses[name] = (time.monotonic(), oses)
+        return oses
+
+
+class SpecChecker:
+    """The facade's checks of a create spec against the configured backends' catalogs."""
+
+    def __init__(
+        self, settings: Callable[[], Settings], client: Callable[[str], Awaitable[RapiClient]]
+    ) -> None:
+        self._settings = settings
+        self.catalogs = Catalogs(client)
+
+    async def check(self, spec: InstanceSpec, *, backend: str | None) -> None:
+        """Raise :class:`ValidationError` unless ``spec`` is one ``backend`` (or, without it, some
+        backend not drained in the configuration) would take; nothing is written either way."""
+        check_name(spec.name)
+        check_numbers(spec)
+        eligible = [b.name for b in self._settings().backends if not b.drained]
+        names = [backend] if backend is not None else eligible
+        check_spec(spec, await self.catalogs.get(names))

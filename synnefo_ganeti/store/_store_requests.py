@@ -1,0 +1,125 @@
+"""The durable create requests' part of the :class:`~synnefo_ganeti.store.Store` facade.
+
+:class:`RequestMethods` is a mixin :class:`Store` inherits: each method hands over to the
+requests repository (:mod:`._requests_repo`, rows and transactions in :mod:`._requests`),
+``self._requests``, which the Store builds. Kept apart so that the facade stays one
+screenful per part; the methods, their names and signatures are the Store's public API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Unpack
+
+from synnefo_ganeti.store._instances import InstanceStatus
+from synnefo_ganeti.store._names import UniqueNames
+from synnefo_ganeti.store._requests import Request, RequestStatus
+from synnefo_ganeti.store._requests_repo import RequestPage, Requests
+
+__all__ = ["RequestMethods"]
+
+
+class RequestMethods:
+    """Durable create requests: add, read, claim, place, submit, finish, cancel."""
+
+    _requests: Requests
+
+    async def add_request(
+        self,
+        spec: dict[str, Any],
+        *,
+        name: str,
+        backend: str | None = None,
+        request_id: str | None = None,
+        unique_names: UniqueNames | None = None,
+    ) -> tuple[Request, bool]:
+        """A pending create request: (request, True), or for the same request again (it, False)."""
+        return await self._requests.add(
+            spec, name=name, backend=backend, request_id=request_id, unique_names=unique_names
+        )
+
+    async def get_request(self, request_id: str) -> Request | None:  # None: no such request
+        return await self._requests.get(request_id)
+
+    async def list_requests(
+        self,
+        *,
+        status: Iterable[RequestStatus | str] | None = None,
+        backend: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = True,
+        **page: Unpack[RequestPage],
+    ) -> list[Request]:
+        """Newest first (or oldest); by id with ``by_id`` or ``after`` (the last id seen)."""
+        return await self._requests.list_requests(
+            status=status, backend=backend, limit=limit, newest_first=newest_first, **page
+        )
+
+    async def request_counts(
+        self, *, status: Iterable[RequestStatus | str] | None = None
+    ) -> dict[tuple[str | None, str], int]:
+        """(backend or None, status) -> number of requests; ``status`` counts only those (an
+        index serves it: cheap to poll for the open ones while the final ones pile up)."""
+        return await self._requests.counts(status=status)
+
+    async def claim_requests(self, dispatcher: str, limit: int = 100) -> list[Request]:
+        """Take up to ``limit`` pending requests nobody holds (PostgreSQL: SKIP LOCKED)."""
+        return await self._requests.claim(dispatcher, limit)
+
+    async def request_claimants(self, *, exclude: str) -> set[str]:
+        return await self._requests.claimants(exclude=exclude)
+
+    async def take_over_requests(self, old: str, new: str) -> list[Request]:
+        """Move a dead dispatcher's pending requests to ``new``."""
+        return await self._requests.take_over(old, new)
+
+    async def release_requests(self, dispatcher: str) -> int:
+        """Give back the requests ``dispatcher`` holds and has not placed."""
+        return await self._requests.release(dispatcher)
+
+    async def place_request(
+        self,
+        request_id: str,
+        dispatcher: str,
+        backend: str,
+        instance: dict[str, Any],
+        *,
+        unique_names: UniqueNames | None = None,
+    ) -> Request:
+        """Before sending the create: the backend chosen, an attempt counted, the instance row
+        (BUILD, ``instance`` = its add_instance fields) added, its id on the request: one transaction."""
+        return await self._requests.place(
+            request_id, dispatcher, backend, instance, unique_names=unique_names
+        )
+
+    async def unplace_request(self, request_id: str, dispatcher: str, *, error: str | None = None) -> Request:
+        """Ganeti certainly got nothing: forget the backend and the BUILD row (placed anew later)."""
+        return await self._requests.unplace(request_id, dispatcher, error=error)
+
+    async def submitted_request(self, request_id: str, job_id: int, *, start: bool | None = None) -> Request:
+        """The create was accepted as ``job_id``: the request is submitted and the job recorded
+        against its instance (a job end stored already settles both at once)."""
+        return await self._requests.submitted(request_id, job_id, start=start)
+
+    async def finish_request(
+        self,
+        request_id: str,
+        status: RequestStatus | str,
+        *,
+        error: str | None = None,
+        dispatcher: str | None = None,
+        instance_status: InstanceStatus | None = None,
+    ) -> Request:
+        """End a request that never became a job (no capacity, refused by Ganeti, canceled);
+        its instance row, if placed, takes ``instance_status`` (ERROR for a refused create)."""
+        return await self._requests.finish(
+            request_id,
+            RequestStatus(status),
+            error=error,
+            dispatcher=dispatcher,
+            instance_status=instance_status,
+        )
+
+    async def cancel_request(self, request_id: str) -> tuple[Request, bool]:
+        """Cancel in the database what can be (see :func:`_requests.request_cancel`)."""
+        return await self._requests.cancel(request_id)
