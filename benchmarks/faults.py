@@ -156,6 +156,9 @@ async def dispatcher_case(case: str, timeout: float, count: int, folder: Path) -
             await until(
                 lambda: all(dispatcher.allocator.view(n).stats_at is not None for n in (faulty, healthy))
             )
+            # the requests' checks have both backends' catalogs before the fault (fetched after
+            # it, the faulty one's answer could take long enough for its health to fail first)
+            await cp.validate(spec("vm0.example"))
             if s.case.fake_kind is not None:
                 s.break_(method="POST", path="/2/instances")
             else:
