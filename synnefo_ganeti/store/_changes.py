@@ -179,16 +179,8 @@ class Changes:
         def on_notify(*_args: object) -> None:
             notified.set()
 
-        async with self.db.engine.connect() as conn:
-            raw = await conn.get_raw_connection()
-            driver = raw.driver_connection
-            assert driver is not None
-            await driver.add_listener(CHANGES_CHANNEL, on_notify)
-            try:
-                yield ChangeWaiter(self.writer, notified, self.poll_interval)
-            finally:
-                with contextlib.suppress(Exception):
-                    await driver.remove_listener(CHANGES_CHANNEL, on_notify)
+        async with self.db.listen(CHANGES_CHANNEL, on_notify):
+            yield ChangeWaiter(self.writer, notified, self.poll_interval)
 
     async def follow(self, since: int | None = None, *, batch: int = 1000) -> AsyncGenerator[Change, None]:
         """Every change after id ``since`` (None: after the newest one now), forever."""

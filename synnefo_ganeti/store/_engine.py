@@ -17,7 +17,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -286,6 +286,33 @@ class Database:
             result = fn(conn)
             conn.commit()
         return result
+
+    @contextlib.asynccontextmanager
+    async def listen(
+        self,
+        channel: str,
+        on_notify: Callable[..., None],
+        *,
+        on_lost: Callable[..., None] | None = None,
+    ) -> AsyncIterator[None]:
+        """PostgreSQL: LISTEN on ``channel`` on a connection of its own while the context is
+        open (``on_notify(connection, pid, channel, payload)``; ``on_lost`` when the database
+        drops that connection)."""
+        async with self.engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            assert driver is not None
+            if on_lost is not None:
+                driver.add_termination_listener(on_lost)
+            await driver.add_listener(channel, on_notify)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    await driver.remove_listener(channel, on_notify)
+                if on_lost is not None:
+                    with contextlib.suppress(Exception):
+                        driver.remove_termination_listener(on_lost)
 
     async def read(self, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """``fn`` on a connection of the async engine; database trouble is a :class:`StoreError`."""

@@ -125,16 +125,8 @@ class Events:
         def on_notify(*_args: object) -> None:
             notified.set()
 
-        async with self.db.engine.connect() as conn:
-            raw = await conn.get_raw_connection()
-            driver = raw.driver_connection
-            assert driver is not None
-            await driver.add_listener(NOTIFY_CHANNEL, on_notify)
-            try:
-                yield notified
-            finally:
-                with contextlib.suppress(Exception):
-                    await driver.remove_listener(NOTIFY_CHANNEL, on_notify)
+        async with self.db.listen(NOTIFY_CHANNEL, on_notify):
+            yield notified
 
 
 def _stored_event(row: Row[Any], names: dict[int, str]) -> StoredEvent:

@@ -108,16 +108,5 @@ async def listen_jobs(db: Database) -> AsyncIterator[JobSignal | None]:
         signal.alive = False
         signal.event.set()
 
-    async with db.engine.connect() as conn:
-        raw = await conn.get_raw_connection()
-        driver = raw.driver_connection
-        assert driver is not None
-        driver.add_termination_listener(on_lost)
-        await driver.add_listener(JOBS_CHANNEL, on_notify)
-        try:
-            yield signal
-        finally:
-            with contextlib.suppress(Exception):
-                await driver.remove_listener(JOBS_CHANNEL, on_notify)
-            with contextlib.suppress(Exception):
-                driver.remove_termination_listener(on_lost)
+    async with db.listen(JOBS_CHANNEL, on_notify, on_lost=on_lost):
+        yield signal
