@@ -39,5 +39,6 @@ async def test_reconcile_benchmark_finds_every_drift() -> None:
     assert figures["cycle_s"] > 0 and figures["serial_estimate_s"] > 0
     # the statements grow with the backends, not with the instances
     assert figures["db_queries"] > 0
-    assert figures["db_queries_small"] == figures["db_queries"]
+    # (give or take one per backend: Ganeti's values are written only when some row's differ)
+    assert abs(figures["db_queries_small"] - figures["db_queries"]) <= figures["backends"]
     assert figures["db_queries_2_backends"] < figures["db_queries"]
