@@ -49,8 +49,11 @@ class Submitter(Recovery):
     """Claim, place, submit, record: one task per claimed request."""
 
     def _capacity(self) -> int:
-        per_backend = self.settings.dispatcher.submit_concurrency
-        return max(1, per_backend * max(1, len(self._backends)) * 2)
+        """How many claimed requests may be worked on at once. Only ``submit_concurrency`` per
+        backend hold a RAPI connection; the rest wait in the store's writer, whose calls of one
+        kind go in one transaction: a deep queue there is what makes its batches big."""
+        options = self.settings.dispatcher
+        return max(options.claim_batch, options.submit_concurrency * max(1, len(self._backends)) * 2)
 
     def _spawn_taken(self, taken: list[Request]) -> None:
         for request in taken:
@@ -105,9 +108,10 @@ class Submitter(Recovery):
         then says (a create sent before the failure is found in Ganeti by its request id, not
         sent again)."""
         backoff = Backoff(*OUTAGE_BACKOFF)
+        fresh = True  # as the claim (or the take-over) just read it
         while True:
             try:
-                await self._work_on(request)
+                await self._work_on(request, fresh=fresh)
                 return
             except RequestNotHeldError as exc:
                 log.info("request %s: %s", request.id, exc)
@@ -119,15 +123,19 @@ class Submitter(Recovery):
                 delay = backoff.next()
                 log.warning("request %s: %s; trying again in %g s", request.id, exc, delay)
                 self._check_since.setdefault(request.id, time.monotonic())
+                fresh = False
                 await self._pause(delay)
 
-    async def _work_on(self, request: Request) -> None:
+    async def _work_on(self, request: Request, *, fresh: bool = False) -> None:
+        """``fresh``: ``request`` was just read (claimed): the first round need not read it again."""
         backoff = Backoff(*PLACEMENT_BACKOFF)
         while True:
-            fresh = await self.store.get_request(request.id)
-            if fresh is None or fresh.is_final or fresh.claimed_by != self.id:
-                return
-            request = fresh
+            if not fresh:
+                again = await self.store.get_request(request.id)
+                if again is None or again.is_final or again.claimed_by != self.id:
+                    return
+                request = again
+            fresh = False
             if request.placed:  # before a cancel: the create may be in Ganeti already
                 if await self._recover(request):
                     return

@@ -24,12 +24,13 @@ from typing import Any, TypeVar
 import orjson
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
 from synnefo_ganeti.errors import StoreError
 from synnefo_ganeti.store import _migrate
+from synnefo_ganeti.store._batch import Batched, Outcome, grouped
 from synnefo_ganeti.store._urls import display_url, normalize_url
 
 __all__ = ["NOTIFY_CHANNEL", "Database", "reason", "upgrade_database"]
@@ -254,29 +255,16 @@ class Database:
         return result
 
     async def run_group(
-        self, fns: Sequence[Callable[[Connection], Any]], *, exclusive: bool = True
-    ) -> list[tuple[bool, Any]]:
-        """Each of ``fns`` in a savepoint of one write transaction, one commit for all: per
-        function ``(True, result)``, or ``(False, exception)`` with its savepoint rolled back.
-        Database trouble other than an integrity error ends the transaction (raised, nothing
-        written)."""
-        if self.sync_engine is not None:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.sync_executor, self._group_in_thread, fns)
-        async with self.engine.connect() as conn:
-            conn = await self.begin_write(conn, exclusive=exclusive)
-            results = await conn.run_sync(_run_group, fns)
-            await conn.commit()
-        return results
-
-    def _group_in_thread(self, fns: Sequence[Callable[[Connection], Any]]) -> list[tuple[bool, Any]]:
-        assert self.sync_engine is not None
-        with self.sync_engine.connect() as conn:
-            conn.execution_options(sqlite_immediate=True)
-            conn.begin()
-            results = _run_group(conn, fns)
-            conn.commit()
-        return results
+        self,
+        calls: Sequence[tuple[Callable[[Connection], Any], Batched | None]],
+        *,
+        exclusive: bool = True,
+    ) -> list[Outcome]:
+        """Several callers' writes in one write transaction, one commit for all: each in a
+        savepoint, or a step of a set-based batch (:mod:`._batch`); per call ``(True, result)``
+        or ``(False, exception)``. Database trouble other than an integrity error ends the
+        transaction (raised, nothing written)."""
+        return await self.run_transaction(grouped(calls), exclusive=exclusive)
 
     def _transaction_in_thread(self, fn: Callable[[Connection], T]) -> T:
         assert self.sync_engine is not None
@@ -329,26 +317,6 @@ class Database:
             return await conn.run_sync(fn)
 
         return await self.read(run)
-
-
-def _run_group(conn: Connection, fns: Sequence[Callable[[Connection], Any]]) -> list[tuple[bool, Any]]:
-    results: list[tuple[bool, Any]] = []
-    for fn in fns:
-        savepoint = conn.begin_nested()
-        try:
-            result = fn(conn)
-        except IntegrityError as exc:
-            savepoint.rollback()
-            results.append((False, exc))
-        except DBAPIError:
-            raise  # the database's trouble, not this call's: the whole group is retried
-        except Exception as exc:  # the call's own refusal (a ConflictError, an InvalidError ...)
-            savepoint.rollback()
-            results.append((False, exc))
-        else:
-            savepoint.commit()
-            results.append((True, result))
-    return results
 
 
 async def upgrade_database(url: str | URL) -> tuple[str, str | None, str | None]:

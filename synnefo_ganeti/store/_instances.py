@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Row, Table, case, delete, insert, select, update
+from sqlalchemy import Connection, Row, Table, bindparam, case, delete, insert, select, update
 
 from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.errors import ConflictError, NotFoundError
@@ -217,8 +217,21 @@ def apply_final_jobs(
                 )
                 .order_by(instance_jobs_t.c.job_id)
             ).all()
+            applied: list[dict[str, Any]] = []
+            moved: dict[tuple[str, ...], list[dict[str, Any]]] = {}
             for row in rows:
-                changed += _apply_one(conn, backend_id, row, summaries[row.job_id], now)
+                summary = summaries[row.job_id]
+                applied.append(
+                    {"b_backend": backend_id, "b_job": row.job_id, "b_result": summary.status.value}
+                )
+                values = _after(row, summary, now)
+                if values:
+                    moved.setdefault(tuple(sorted(values)), []).append({**values, "b_row": row.instance_id})
+                    changed += "updated_at" in values
+            if applied:
+                conn.execute(_APPLIED, [{**one, "b_now": now} for one in applied])
+            for keys, values_of_rows in moved.items():
+                conn.execute(_instance_update(keys), values_of_rows)
             creates = [
                 (row.job_id, summaries[row.job_id]) for row in rows if row.action == InstanceAction.CREATE
             ]
@@ -227,21 +240,15 @@ def apply_final_jobs(
     return changed
 
 
-def _apply_one(conn: Connection, backend_id: int, row: Any, summary: JobSummary, now: datetime) -> int:
+def _after(row: Any, summary: JobSummary, now: datetime) -> dict[str, Any]:
+    """What the end of ``row``'s job changes on its instance ({}: nothing)."""
     status = summary.status
-    conn.execute(
-        update(instance_jobs_t)
-        .where(instance_jobs_t.c.backend_id == backend_id, instance_jobs_t.c.job_id == row.job_id)
-        .values(applied_at=now, result=status.value)
-    )
     action = InstanceAction(row.action)
     end = _end_time(summary)
     # the end of the job the instance's task waits for frees it (see store/_outcomes.py)
     task = {"task": None, "task_job_id": None} if row.task_job_id == row.job_id else {}
     if row.state_time is not None and end is not None and end < row.state_time:
-        if task:  # an older job's end arriving late: the instance moved on since
-            conn.execute(update(instances_t).where(instances_t.c.id == row.instance_id).values(**task))
-        return 0
+        return task  # an older job's end arriving late: the instance moved on since
     values: dict[str, Any] = {**task, **last_error_after(action.value, summary, now)}
     new_status = instance_status_after(action, status, start=row.start)
     gone = action is InstanceAction.REMOVE and status is JobStatus.ERROR
@@ -256,10 +263,29 @@ def _apply_one(conn: Connection, backend_id: int, row: Any, summary: JobSummary,
     if new_status is not None or values:
         values["state_time"] = end if end is not None else row.state_time
     if not values:
-        return 0
+        return {}
     values["updated_at"] = now
-    conn.execute(update(instances_t).where(instances_t.c.id == row.instance_id).values(**values))
-    return 1
+    return values
+
+
+# job ends are applied many at once (executemany), with statements built once per shape
+_APPLIED = (
+    update(instance_jobs_t)
+    .where(
+        instance_jobs_t.c.backend_id == bindparam("b_backend"), instance_jobs_t.c.job_id == bindparam("b_job")
+    )
+    .values(applied_at=bindparam("b_now"), result=bindparam("b_result"))
+)
+_INSTANCE_UPDATES: dict[tuple[str, ...], Any] = {}
+
+
+def _instance_update(keys: tuple[str, ...]) -> Any:
+    """``UPDATE instances SET <keys> WHERE id = :b_row``, built once per set of keys."""
+    statement = _INSTANCE_UPDATES.get(keys)
+    if statement is None:
+        statement = update(instances_t).where(instances_t.c.id == bindparam("b_row"))
+        _INSTANCE_UPDATES[keys] = statement
+    return statement
 
 
 def stored_final_job(conn: Connection, backend_id: int, job_id: int) -> JobSummary | None:

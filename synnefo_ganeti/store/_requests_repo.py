@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from synnefo_ganeti.errors import ConflictError
 from synnefo_ganeti.store import _requests
 from synnefo_ganeti.store._backends import Backends, backends_t
+from synnefo_ganeti.store._batch import Batched
 from synnefo_ganeti.store._engine import Database
 from synnefo_ganeti.store._instances import (
     InstanceAction,
@@ -29,6 +30,14 @@ from synnefo_ganeti.store._instances import (
 )
 from synnefo_ganeti.store._names import UniqueNames, check_name_free
 from synnefo_ganeti.store._requests import Request, RequestStatus
+from synnefo_ganeti.store._requests_batch import (
+    AddArgs,
+    PlaceArgs,
+    SubmittedArgs,
+    add_many,
+    place_many,
+    submitted_many,
+)
 from synnefo_ganeti.store._writer import Writer
 
 __all__ = ["RequestPage", "Requests"]
@@ -59,10 +68,13 @@ class Requests:
         unique_names: UniqueNames | None = None,
     ) -> tuple[Request, bool]:
         rid = request_id or _requests.new_request_id()
+        # many at once when queued together (an API's burst): only with the names' check on
+        batch = None if unique_names is None else Batched(add_many, AddArgs(rid, name, spec, backend))
         return await self.writer.call(
             lambda conn: _requests.add(
                 conn, request_id=rid, name=name, spec=spec, want_backend=backend, unique_names=unique_names
-            )
+            ),
+            batch=batch,
         )
 
     async def get(self, request_id: str) -> Request | None:
@@ -169,7 +181,9 @@ class Requests:
             )
             return _requests.must_get(conn, request_id)
 
-        return await self.writer.call(run)
+        # many at once in a few statements, when the writer finds them queued together
+        batch = Batched(place_many, PlaceArgs(request_id, dispatcher, backend, backend_id, instance))
+        return await self.writer.call(run, batch=batch)
 
     async def unplace(self, request_id: str, dispatcher: str, *, error: str | None) -> Request:
         return await self.writer.call(
@@ -202,7 +216,8 @@ class Requests:
             )
             return _requests.must_get(conn, request_id)
 
-        return await self.writer.call(run)
+        batch = Batched(submitted_many, SubmittedArgs(request_id, job_id, start))
+        return await self.writer.call(run, batch=batch)
 
     async def finish(
         self,

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, bindparam, select, update
 
 from synnefo_ganeti.jobs import JobStatus, JobSummary
 from synnefo_ganeti.store._requests import RequestStatus, requests_t
@@ -40,6 +41,7 @@ def settle_requests(
             requests_t.c.status == RequestStatus.SUBMITTED.value,
         )
     ).all()
+    ended: list[dict[str, Any]] = []
     for row in rows:
         summary = by_job[row.job_id]
         status, error = _outcome(summary)
@@ -63,12 +65,23 @@ def settle_requests(
                 )
             )
             continue
-        conn.execute(
-            update(requests_t)
-            .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
-            .values(status=status.value, error=error, finished_at=now, updated_at=now)
-        )
+        ended.append({"b_id": row.id, "b_status": status.value, "b_error": error, "b_now": now})
+    if ended:
+        conn.execute(_ENDED, ended)
     return len(rows)
+
+
+# (many at once: a burst's job ends arrive together)
+_ENDED = (
+    update(requests_t)
+    .where(requests_t.c.id == bindparam("b_id"), requests_t.c.status == RequestStatus.SUBMITTED.value)
+    .values(
+        status=bindparam("b_status"),
+        error=bindparam("b_error"),
+        finished_at=bindparam("b_now"),
+        updated_at=bindparam("b_now"),
+    )
+)
 
 
 def settle_by_instance(conn: Connection, backend_id: int, job_id: int, instance_status: str) -> None:

@@ -28,6 +28,7 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti._backoff import Backoff
 from synnefo_ganeti.errors import ConflictError, StoreError
 from synnefo_ganeti.jobs import JobSummary
+from synnefo_ganeti.store._batch import Batched
 from synnefo_ganeti.store._engine import Database, reason
 from synnefo_ganeti.store._models import CommitInfo, JobVersion, WriterStats
 
@@ -57,6 +58,8 @@ class _Call:
     #: the writer took it up; or its caller gave up waiting first (the writer then skips it)
     started: bool = False
     abandoned: bool = False
+    #: calls of one kind queued together run as one set-based step (``fn`` alone otherwise)
+    batch: Batched | None = None
 
 
 _Pending = JobVersion | _Call | None
@@ -140,11 +143,16 @@ class Writer:
     def pending(self) -> int:
         return 0 if self._queue is None else self._queue.qsize()
 
-    async def call(self, fn: Callable[[Connection], T], *, exclusive: bool = True) -> T:
-        """Run ``fn(connection)`` in a write transaction of the writer task; its result."""
+    async def call(
+        self, fn: Callable[[Connection], T], *, exclusive: bool = True, batch: Batched | None = None
+    ) -> T:
+        """Run ``fn(connection)`` in a write transaction of the writer task; its result.
+
+        ``batch``: the same write as a step of a set-based function, which the writer runs once
+        for all the calls of that kind it finds queued together (``fn`` for those it leaves)."""
         queue = self._open_queue()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        call = _Call(fn, future, exclusive)
+        call = _Call(fn, future, exclusive, batch=batch)
         await queue.put(call)
         if self.db.dialect != "sqlite":
             return await future
@@ -205,26 +213,17 @@ class Writer:
                 else:
                     items.append(item)
             try:
-                # versions in one transaction; the calls between them (in a row, of one kind) in
-                # one of their own, each in a savepoint: one commit for many callers
-                batch: list[JobVersion] = []
-                calls: list[_Call] = []
-                for item in items:
-                    if isinstance(item, _Call):
-                        if batch:
-                            await self._write_with_retry(batch)
-                            batch = []
-                        if calls and calls[0].exclusive != item.exclusive:
-                            await self._calls(calls)
-                            calls = []
-                        calls.append(item)
-                    else:
-                        if calls:
-                            await self._calls(calls)
-                            calls = []
-                        batch.append(item)
-                if calls:
-                    await self._calls(calls)
+                # the calls taken, in one transaction per kind (exclusive or not; each call in a
+                # savepoint, or a step of a set-based batch), then the versions in one: one
+                # commit for many callers. Each caller has one call queued at a time, and the
+                # versions' order among themselves is kept; a version and a call may commit in
+                # either order (a job recorded after its end was stored is settled at once).
+                calls = [item for item in items if isinstance(item, _Call)]
+                for exclusive in (True, False):
+                    kind = [call for call in calls if call.exclusive is exclusive]
+                    if kind:
+                        await self._calls(kind)
+                batch = [item for item in items if not isinstance(item, _Call)]
                 if batch:
                     await self._write_with_retry(batch)
             finally:
@@ -251,7 +250,9 @@ class Writer:
         for call in calls:
             call.started = True
         try:
-            outcomes = await self.db.run_group([call.fn for call in calls], exclusive=calls[0].exclusive)
+            outcomes = await self.db.run_group(
+                [(call.fn, call.batch) for call in calls], exclusive=calls[0].exclusive
+            )
         except _TRANSIENT:
             for call in calls:  # (the retries count and say what went wrong)
                 await self._call_with_retry(call)

@@ -4,7 +4,7 @@ savepoint of its own, so that one that fails is rolled back alone and the others
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -76,7 +76,7 @@ async def test_a_group_whose_transaction_fails_is_retried_call_by_call(
         run_group = database.run_group
         left = [1]
 
-        async def flaky(fns: Sequence[Callable[[Connection], Any]], *, exclusive: bool = True) -> Any:
+        async def flaky(fns: Sequence[Any], *, exclusive: bool = True) -> Any:
             if left[0]:
                 left[0] -= 1
                 raise OperationalError("SELECT 1", {}, Exception("connection lost (injected)"))

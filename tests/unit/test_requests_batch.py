@@ -1,0 +1,173 @@
+"""The dispatcher's hot writes, set-based (store/_requests_batch.py): requests added, placed and
+submitted many at once when the writer finds them queued together, with the same outcome for
+each caller as one by one, the cases off the fast path (a repeated id, a name taken, a request
+not held, a job whose end is stored already) included."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from synnefo_ganeti.errors import ConflictError
+from synnefo_ganeti.store import InstanceStatus, RequestNotHeldError, RequestStatus, Store, _requests_repo
+from synnefo_ganeti.store._instances import instances_t
+from tests.unit.test_requests import CREATE_OK, canceled, job
+
+INSTANCE: dict[str, Any] = {"os": "noop", "disk_template": "diskless", "tags": [], "nics": [], "disks": []}
+
+
+def spec(name: str) -> dict[str, Any]:
+    return {"name": name, "os": "noop", "disk_template": "diskless", "beparams": {"memory": 128}}
+
+
+@pytest.fixture
+def batches(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """How many items each set-based step took (only steps of two items or more run)."""
+    seen: Counter[str] = Counter()
+    for name in ("add_many", "place_many", "submitted_many"):
+        real = getattr(_requests_repo, name)
+
+        def counting(conn: Any, items: list[Any], real: Any = real, name: str = name) -> Any:
+            seen[name] += len(items)
+            return real(conn, items)
+
+        monkeypatch.setattr(_requests_repo, name, counting)
+    return seen
+
+
+async def add(store: Store, name: str, request_id: str | None = None) -> Any:
+    return await store.add_request(
+        spec(name), name=name, backend=None, request_id=request_id, unique_names="global"
+    )
+
+
+async def test_a_burst_is_added_placed_and_submitted_in_batches(db_url: str, batches: Counter[str]) -> None:
+    async with Store(db_url) as store:
+        names = [f"vm{i}.example.com" for i in range(40)]
+        added = await asyncio.gather(*(add(store, name) for name in names))
+        assert all(new for _, new in added)
+        claimed = await store.claim_requests("d1", 100)
+        assert len(claimed) == 40
+        placed = await asyncio.gather(
+            *(store.place_request(r.id, "d1", "b1", dict(INSTANCE), unique_names="global") for r in claimed)
+        )
+        assert all(r.backend == "b1" and r.attempts == 1 and r.instance_id for r in placed)
+        assert len({r.instance_id for r in placed}) == 40
+        submitted = await asyncio.gather(
+            *(store.submitted_request(r.id, 100 + i, start=True) for i, r in enumerate(claimed))
+        )
+        assert {r.status for r in submitted} == {RequestStatus.SUBMITTED}
+        assert sorted(r.job_id for r in submitted) == list(range(100, 140))
+        for request in submitted:
+            instance = await store.get_instance("b1", request.instance)
+            assert instance is not None and instance.id == request.instance_id
+            assert instance.status is InstanceStatus.BUILD
+            assert instance.task == "build" and instance.task_job_id == request.job_id
+        # most went through the set-based steps (the first of each burst may go alone)
+        assert batches["add_many"] >= 20 and batches["place_many"] >= 20 and batches["submitted_many"] >= 20
+        # and their ends are applied as one by one
+        for i in range(40):
+            await store.record("b1", job(CREATE_OK, job_id=100 + i))
+        ended = [await store.get_request(r.id) for r in submitted]
+        assert {r.status for r in ended if r is not None} == {RequestStatus.SUCCEEDED}
+        instances = await store.list_instances(backend="b1")
+        assert {i.name for i in instances} == set(names)
+        assert {i.status for i in instances} == {InstanceStatus.STARTED}
+
+
+async def test_in_one_batch_a_repeat_or_a_clash_is_told_as_one_by_one(
+    db_url: str, batches: Counter[str]
+) -> None:
+    async with Store(db_url) as store:
+        results = await asyncio.gather(
+            add(store, "a.example.com", "r-a"),
+            add(store, "a.example.com", "r-a"),  # the same request again: the first one back
+            add(store, "b.example.com"),
+            add(store, "b.example.com"),  # another request for a name held: refused
+            add(store, "c.example.com"),
+            return_exceptions=True,
+        )
+        assert batches["add_many"] >= 2
+        first, again, b1, b2, c = results
+        assert not isinstance(first, BaseException) and not isinstance(again, BaseException)
+        assert first[0].id == again[0].id == "r-a" and first[1] and not again[1]
+        assert [isinstance(x, ConflictError) for x in (b1, b2)].count(True) == 1
+        assert not isinstance(c, BaseException) and c[1]
+        with pytest.raises(ConflictError, match="already exists with another"):
+            await store.add_request(
+                {**spec("a.example.com"), "os": "other"}, name="a.example.com", backend=None,
+                request_id="r-a", unique_names="global",
+            )  # fmt: skip
+
+
+async def test_in_one_batch_a_request_not_held_or_a_name_taken_fails_alone(
+    db_url: str, batches: Counter[str]
+) -> None:
+    async with Store(db_url) as store:
+        ok = [(await add(store, f"ok{i}.example.com"))[0] for i in range(3)]
+        other = (await add(store, "other.example.com"))[0]
+        for request in await store.claim_requests("d1", 10):
+            assert request.id in {r.id for r in [*ok, other]}
+        # "other" is given back and taken by another dispatcher
+        await store.release_requests("d1")
+        assert {r.id for r in await store.claim_requests("d2", 1)} <= {r.id for r in [*ok, other]}
+        held_by_d1 = {r.id for r in await store.claim_requests("d1", 10)}
+        not_ours = next(r for r in [*ok, other] if r.id not in held_by_d1)
+        results = await asyncio.gather(
+            *(
+                store.place_request(r.id, "d1", "b1", dict(INSTANCE), unique_names="global")
+                for r in [*ok, other]
+            ),
+            return_exceptions=True,
+        )
+        assert batches["place_many"] >= 2
+        for request, result in zip([*ok, other], results, strict=True):
+            if request.id == not_ours.id:
+                assert isinstance(result, RequestNotHeldError)
+            else:
+                assert not isinstance(result, BaseException) and result.backend == "b1"
+
+
+async def test_a_name_back_to_life_and_a_job_ended_before_it_was_recorded(
+    db_url: str, batches: Counter[str]
+) -> None:
+    """Off the fast path, in a batch: a name whose earlier life is DESTROYED gets a new row (the
+    old stays); a create job whose end was stored before its submission is applied at once."""
+    async with Store(db_url) as store:
+        first = (await add(store, "again.example.com"))[0]
+        await store.claim_requests("d1", 10)
+        await store.place_request(first.id, "d1", "b1", dict(INSTANCE), unique_names="global")
+        await store.submitted_request(first.id, 7, start=True)
+        await store.record("b1", job(canceled(CREATE_OK), job_id=7))
+        assert (await store.get_request(first.id)).status is RequestStatus.CANCELED  # type: ignore[union-attr]
+        old = await store.get_instance("b1", "again.example.com")
+        assert old is not None
+        assert old.status is InstanceStatus.DESTROYED
+        # a new request for the name, with two others, placed together
+        new = [
+            (await add(store, name))[0] for name in ("again.example.com", "x.example.com", "y.example.com")
+        ]
+        await store.claim_requests("d1", 10)
+        placed = await asyncio.gather(
+            *(store.place_request(r.id, "d1", "b1", dict(INSTANCE), unique_names="global") for r in new)
+        )
+        assert placed[0].instance_id != old.id
+        # the job of "x" ends before the dispatcher records it
+        await store.record("b1", job(CREATE_OK, job_id=21))
+        submitted = await asyncio.gather(
+            *(store.submitted_request(r.id, 20 + i, start=True) for i, r in enumerate(new))
+        )
+        assert [r.status for r in submitted] == [
+            RequestStatus.SUBMITTED, RequestStatus.SUCCEEDED, RequestStatus.SUBMITTED,
+        ]  # fmt: skip
+        assert batches["submitted_many"] >= 2
+
+        def lives(conn: Any) -> list[str]:
+            query = select(instances_t.c.status).where(instances_t.c.name == "again.example.com")
+            return sorted(conn.execute(query).scalars())
+
+        assert await store.call_read(lives) == ["BUILD", "DESTROYED"]
