@@ -18,6 +18,7 @@ from synnefo_ganeti.cli import _reconcile as _reconcile  # reconcile
 from synnefo_ganeti.cli import _requests as _requests  # requests list|show|cancel
 from synnefo_ganeti.cli import _submit as _submit  # submit
 from synnefo_ganeti.cli import _watch as _watch  # watch
+from synnefo_ganeti.cli import _web as _web  # web (the operator console)
 from synnefo_ganeti.cli._main import main
 
 __all__ = ["main"]

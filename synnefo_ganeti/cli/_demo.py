@@ -3,11 +3,21 @@
 The scenario (the fake clusters, the dispatcher, the outage, the drift) lives next to
 the fake, in :mod:`synnefo_ganeti.testing._demo`; this module runs it, shows a live
 table per backend on stderr while it runs, and prints its summary.
+
+``--web`` also opens the operator console (:mod:`synnefo_ganeti.console`) on the demo's
+world, prints its URL and a one-time login, and keeps the world running after the
+scenario until Ctrl-C (or SIGTERM).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
+import signal
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import click
 from rich.live import Live
@@ -17,12 +27,15 @@ from rich.text import Text
 from synnefo_ganeti.cli._main import configure_cli_logging, main
 from synnefo_ganeti.cli._options import json_option
 from synnefo_ganeti.cli._output import fail, print_json, stderr, stdout
+from synnefo_ganeti.config import WebSettings
+from synnefo_ganeti.console import Console, hash_password
 from synnefo_ganeti.testing._demo import (
     BACKENDS,
     DOWN_BACKEND,
     DemoProgress,
     DemoReport,
     DemoStepError,
+    DemoWorld,
     run_demo,
 )
 
@@ -48,8 +61,23 @@ __all__ = ["demo"]
 @click.option(
     "--timeout", type=click.FloatRange(min=10), default=110.0, show_default=True, help="Give up after this."
 )
+@click.option(
+    "--web",
+    is_flag=True,
+    help="Open the operator console on the demo's world (a printed URL and one-time login) and keep "
+    "the world running after the scenario until Ctrl-C.",
+)
+@click.option(
+    "--web-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="The console's port on 127.0.0.1 with --web (0: a free one).",
+)
 @json_option
-def demo(count: int, speed: float, db_url: str | None, timeout: float, as_json: bool) -> None:
+def demo(
+    count: int, speed: float, db_url: str | None, timeout: float, web: bool, web_port: int, as_json: bool
+) -> None:
     """The whole control plane on loopback: three fake Ganeti clusters, the dispatcher,
     COUNT durable create requests, a backend failing its health checks, a drift repaired.
 
@@ -59,6 +87,7 @@ def demo(count: int, speed: float, db_url: str | None, timeout: float, as_json: 
     """
     configure_cli_logging("error")
     view = None if as_json else _LiveTable()
+    console = _DemoConsole(web_port) if web else None
     try:
         try:
             report = asyncio.run(
@@ -68,6 +97,8 @@ def demo(count: int, speed: float, db_url: str | None, timeout: float, as_json: 
                     db_url=db_url,
                     timeout=timeout,
                     on_progress=view.update if view is not None else None,
+                    around=console.around if console is not None else None,
+                    hold=console.hold if console is not None else None,
                 )
             )
         finally:
@@ -81,6 +112,43 @@ def demo(count: int, speed: float, db_url: str | None, timeout: float, as_json: 
         _print_summary(report)
     if not report.ok:
         raise SystemExit(1)
+
+
+class _DemoConsole:
+    """``demo --web``: the console on the world while the demo runs, then until Ctrl-C."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.url = ""
+
+    @contextlib.asynccontextmanager
+    async def around(self, world: DemoWorld) -> AsyncIterator[None]:
+        with tempfile.TemporaryDirectory(prefix="synnefo-ganeti-console-") as scratch:
+            password = secrets.token_urlsafe(12)
+            users = Path(scratch) / "console.users"
+            users.write_text(f"demo:operator:{hash_password(password)}\n")
+            users.chmod(0o600)
+            # plain HTTP on loopback: a Secure cookie would not come back over http://127.0.0.1
+            web = WebSettings(users_file=users, secure_cookies=False, port=self.port)
+            console = Console(world.settings.model_copy(update={"web": web}), store=world.store)
+            world.dispatcher.on_reconcile.append(console.reports.record)
+            async with console.serve("127.0.0.1", self.port) as url:
+                self.url = url
+                stderr.print(f"console: {url}{console.one_time_login('demo', 'operator')}  (one-time login)")
+                stderr.print(f"console: or log in at {url}/login as demo, password {password}")
+                yield
+
+    async def hold(self, world: DemoWorld) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        stderr.print(f"console: the scenario is done; the world keeps running at {self.url} until Ctrl-C")
+        try:
+            await stop.wait()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
 
 
 class _LiveTable:

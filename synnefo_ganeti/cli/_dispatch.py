@@ -19,6 +19,7 @@ from synnefo_ganeti.cli._main import configure_cli_logging, main
 from synnefo_ganeti.cli._options import config_option, load_settings
 from synnefo_ganeti.cli._output import fail, stderr
 from synnefo_ganeti.config import Settings
+from synnefo_ganeti.console import Console
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.errors import ConfigError, GanetiError, StoreError
 
@@ -79,6 +80,8 @@ class _Daemon:
         daemon = Dispatcher(
             self.settings, config_path=self.config_file, status_server=self.status, freeze_gc=True
         )
+        if self.settings.web.enabled:  # the console on the status server too (docs/console.md)
+            Console(self.settings).attach(daemon)
         loop = asyncio.get_running_loop()
         reloads: set[asyncio.Task[None]] = set()
 

@@ -7,7 +7,7 @@ status 1 (2 for bad usage or settings).
 
 This module holds the root group; each command group lives in its own module
 (``_rapi``, ``_db``, ``_watch``, ``_jobs``, ``_instances``, ``_requests``,
-``_submit``, ``_dispatch``, ``_reconcile``, ``_backends``, ``_fake``, ``_demo``),
+``_submit``, ``_dispatch``, ``_reconcile``, ``_backends``, ``_fake``, ``_demo``, ``_web``),
 shared options in ``_options`` and output helpers in ``_output``.
 """
 

@@ -44,6 +44,10 @@ environment, ``__`` separates the levels: ``SYNNEFO_GANETI__DATABASE__URL``,
     url = "https://api.example.org/hooks/synnefo-ganeti"
     secret_file = "webhook.secret"      # mode 0600: the HMAC-SHA256 key of the signature header
 
+    [web]                               # the operator console (docs/console.md); optional
+    enabled = true                      # also on the dispatcher's status server
+    users_file = "console.users"        # "name:role:$argon2id$..." per line
+
 Every problem raises :class:`~synnefo_ganeti.errors.ConfigError`, one line per bad key:
 ``config file /etc/synnefo-ganeti.toml: backends.1.url: must start with https://...``.
 No message and no ``repr`` shows a password, a password file's content, or a database
@@ -51,7 +55,7 @@ URL's password.
 
 The package's modules: ``_sections`` (the section models), ``_settings`` (``Settings``),
 ``_loading`` (the file, the environment, what a reload changes), ``_errors`` (validation
-errors in words), ``_secrets`` (password files) and ``_notify`` (``[notify]``).
+errors in words), ``_secrets`` (password files), ``_notify`` (``[notify]``) and ``_web`` (``[web]``).
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ from synnefo_ganeti.config._sections import (
     Strategy,
 )
 from synnefo_ganeti.config._settings import Settings
+from synnefo_ganeti.config._web import WebSettings
 
 __all__ = [
     "CONFIG_ENV_VAR",
@@ -90,6 +95,7 @@ __all__ = [
     "ReconcileSettings",
     "Settings",
     "Strategy",
+    "WebSettings",
     "diff_backends",
     "read_password_file",
 ]

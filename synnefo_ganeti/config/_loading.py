@@ -73,6 +73,12 @@ def _resolve_relative_paths(data: dict[str, Any], folder: Path) -> None:
     if isinstance(notify, dict) and isinstance(notify.get("secret_file"), str) and notify["secret_file"]:
         path = Path(notify["secret_file"]).expanduser()
         notify["secret_file"] = str(path if path.is_absolute() else folder / path)
+    web = data.get("web")
+    if isinstance(web, dict):
+        for key in ("users_file", "tokens_file"):
+            if isinstance(web.get(key), str) and web[key]:
+                path = Path(web[key]).expanduser()
+                web[key] = str(path if path.is_absolute() else folder / path)
     backends = data.get("backends")
     if not isinstance(backends, list):
         return

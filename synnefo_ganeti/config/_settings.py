@@ -36,6 +36,7 @@ from synnefo_ganeti.config._sections import (
     OwnershipSettings,
     ReconcileSettings,
 )
+from synnefo_ganeti.config._web import WebSettings
 from synnefo_ganeti.errors import ConfigError
 
 __all__ = ["Settings"]
@@ -43,7 +44,7 @@ __all__ = ["Settings"]
 
 class Settings(BaseSettings):
     """All the settings: ``[database]``, ``[[backends]]``, ``[ownership]``, ``[reconcile]``, ``[dispatcher]``,
-    ``[notify]``.
+    ``[notify]``, ``[web]``.
 
     ``Settings()`` reads the file named by ``SYNNEFO_GANETI_CONFIG`` (if set);
     :meth:`from_file` reads a given one. ``SYNNEFO_GANETI__...`` environment variables
@@ -65,6 +66,7 @@ class Settings(BaseSettings):
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
     notify: NotifySettings = Field(default_factory=NotifySettings)
+    web: WebSettings = Field(default_factory=WebSettings)
 
     _source: Path | None = PrivateAttr(default=None)
 

@@ -37,12 +37,15 @@ class StatusServer:
         checks: dict[str, ReadinessCheck] | None = None,
         registries: Sequence[CollectorRegistry] = (REGISTRY,),
         check_timeout: float = 5.0,
+        setup: Sequence[Callable[[web.Application], None]] = (),
     ) -> None:
         self.host = host
         self.port = port
         self.checks = dict(checks or {})
         self.registries = list(registries)
         self.check_timeout = check_timeout
+        #: called with the application before it starts: more routes on the same port (the console)
+        self.setup = list(setup)
         self._runner: web.AppRunner | None = None
 
     def __repr__(self) -> str:
@@ -64,6 +67,8 @@ class StatusServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        for hook in self.setup:
+            hook(app)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)

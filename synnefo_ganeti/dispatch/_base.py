@@ -13,10 +13,12 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from aiohttp import web
 
 from synnefo_ganeti import metrics
 from synnefo_ganeti._backends import BackendResources
@@ -30,6 +32,7 @@ from synnefo_ganeti.dispatch._webhook import WebhookDeliverer
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.health import HealthMonitor
 from synnefo_ganeti.rapi import RapiClient
+from synnefo_ganeti.reconcile import Report
 from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, Store
 from synnefo_ganeti.watch import QueueWatcher
 
@@ -94,6 +97,10 @@ class DispatcherBase(BackendResources):
         #: the change-feed webhook's deliverer while it runs ([notify] url set)
         self.webhook: WebhookDeliverer | None = None
         self.notifier = notifier or SystemdNotifier()
+        #: called with the status server's application before it starts (the console's routes)
+        self.status_setup: list[Callable[[web.Application], None]] = []
+        #: called with each reconcile pass's report (the console shows the last one per backend)
+        self.on_reconcile: list[Callable[[Report], None]] = []
         #: the root tasks (loops, per-backend trackers and watchers); a new one per run()
         self.supervisor = Supervisor("dispatcher", logger=log)
         self.ready = asyncio.Event()

@@ -163,6 +163,7 @@ class Dispatcher(Submitter):
                     "backends": self._check_backends,
                     "tasks": self._check_running,
                 },
+                setup=self.status_setup,
             )
             await self.status.start()
         await self._refresh_stats(list(self._backends))
@@ -347,6 +348,8 @@ class Dispatcher(Submitter):
             async with reconciler:
                 report = await reconciler.run_once(backends=mine, fixes=DAEMON_FIXES)
             self.stats.reconcile_passes += 1
+            for listener in self.on_reconcile:
+                listener(report)
             level = logging.INFO if report.clean else logging.WARNING
             log.log(level, "reconcile pass: %s", report.summary())
         except Exception:

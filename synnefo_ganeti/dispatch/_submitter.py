@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 
@@ -13,6 +14,7 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti._backoff import Backoff
 from synnefo_ganeti.allocate import NoCapacityError, Requirement, Reservation, chooses_nodes, placed_spec
 from synnefo_ganeti.dispatch._recovery import TAKEOVER_CHECK, Recovery, _settled_after
+from synnefo_ganeti.dispatch._room import RoomQueue
 from synnefo_ganeti.errors import (
     AuthenticationError,
     ConflictError,
@@ -45,8 +47,17 @@ OUTAGE_BACKOFF = (0.5, 10.0)
 PLACEMENT_BACKOFF = (0.5, 10.0)
 
 
+class _NoRoom(str):
+    """Why a request was not placed: no backend has room for it now."""
+
+
 class Submitter(Recovery):
     """Claim, place, submit, record: one task per claimed request."""
+
+    @functools.cached_property
+    def _room(self) -> RoomQueue:
+        """The requests waiting for room, in line."""
+        return RoomQueue()
 
     def _capacity(self) -> int:
         """How many claimed requests may be worked on at once. Only ``submit_concurrency`` per
@@ -160,7 +171,10 @@ class Submitter(Recovery):
                     f"not placed within {self.settings.dispatcher.placement_timeout:g} s: {outcome}",
                 )
                 return
-            await self._pause(backoff.next())
+            if isinstance(outcome, _NoRoom):
+                await self._room.wait(backoff.next(), self._stop)  # in line for the next freed place
+            else:
+                await self._pause(backoff.next())
 
     async def _place_and_submit(self, request: Request) -> str | None:
         """None when the request is done with (submitted, failed); else why to try again later.
@@ -178,7 +192,7 @@ class Submitter(Recovery):
                 why = (request.error or "its create failed").removesuffix("; placing it again")
                 await self._fail(request, f"{why}; no other backend takes it")
                 return None
-            return str(exc)
+            return _NoRoom(exc)
         name = reservation.name
         tags = list(
             dict.fromkeys([*spec.tags, *self.settings.ownership.tags_for_new(), request_tag(request.id)])
@@ -269,7 +283,7 @@ class Submitter(Recovery):
 
     def _on_commit(self, info: CommitInfo) -> None:
         """Job ends the writer stored: the allocator learns, capacity is accounted."""
-        ended = False
+        ended = 0
         for backend, summary in info.applied:
             if not summary.status.is_final:
                 continue
@@ -277,7 +291,7 @@ class Submitter(Recovery):
             request_id = self._job_requests.pop((backend, summary.job_id), None)
             if reservation is None:
                 continue
-            ended = True
+            ended += 1
             ok = summary.status is JobStatus.SUCCESS
             error = next((op.error for op in summary.ops if op.error), None)
             if request_id is not None:
@@ -299,6 +313,7 @@ class Submitter(Recovery):
                 self.allocator.release(reservation)
         if ended:
             self._wake.set()
+            self._room.free(ended)
 
     def _remember_refusal(self, request_id: str, backend: str, error: str | None) -> None:
         """A create that failed for a reason of its backend other than room (the OS missing

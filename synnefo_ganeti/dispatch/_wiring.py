@@ -174,9 +174,17 @@ class BackendWiring(DispatcherBase):
     # -- node stats ------------------------------------------------------------------------------
 
     async def _refresh_stats(self, names: list[str]) -> None:
-        await asyncio.gather(*(self._refresh_one(name) for name in names if name in self._backends))
+        # drained by an operator (`backends drain`, the console) is in the database, read with the stats
+        try:
+            by_operator: set[str] | None = await self.store.drained_backends()
+        except GanetiError as exc:
+            log.info("drained backends not read (%s); keeping what was known", exc)
+            by_operator = None
+        await asyncio.gather(
+            *(self._refresh_one(name, by_operator) for name in names if name in self._backends)
+        )
 
-    async def _refresh_one(self, name: str) -> None:
+    async def _refresh_one(self, name: str, by_operator: set[str] | None = None) -> None:
         client = await self.client(name)
         read_at = time.monotonic()
         try:
@@ -196,7 +204,7 @@ class BackendWiring(DispatcherBase):
                 view,
                 nodes=nodes,
                 disk_templates=frozenset(info.enabled_disk_templates or ()),
-                drained=settings.drained,
+                drained=settings.drained or (view.drained if by_operator is None else name in by_operator),
                 healthy=self.health.tracker.is_up(name) if self.health is not None else True,
                 stats_at=read_at,
                 catalog=self.catalogs.update(name, info, nodes, oses),

@@ -7,17 +7,23 @@ then ``await rapi.create_instances(specs)``. See :class:`RapiClient`.
 from __future__ import annotations
 
 from synnefo_ganeti.jobs import JobStatus
-from synnefo_ganeti.rapi._calls import REASON_PREFIX, CreateProgress, RebootType, new_request_id
+from synnefo_ganeti.rapi._calls import REASON_PREFIX, CreateProgress, NodeRole, RebootType, new_request_id
 from synnefo_ganeti.rapi._client import RapiClient
 from synnefo_ganeti.rapi._models import (
     CancelResult,
     ClusterInfo,
+    FilterRule,
+    Group,
     Instance,
+    InstanceConsole,
     InstanceSpec,
     Job,
     JobFailure,
     LogEntry,
+    Network,
     Node,
+    QueryField,
+    QueryResult,
     Timestamp,
 )
 from synnefo_ganeti.rapi._retry import RetryPolicy, is_transient, is_unsent
@@ -28,13 +34,20 @@ __all__ = [
     "CancelResult",
     "ClusterInfo",
     "CreateProgress",
+    "FilterRule",
+    "Group",
     "Instance",
+    "InstanceConsole",
     "InstanceSpec",
     "Job",
     "JobFailure",
     "JobStatus",
     "LogEntry",
+    "Network",
     "Node",
+    "NodeRole",
+    "QueryField",
+    "QueryResult",
     "RapiClient",
     "RebootType",
     "RetryPolicy",

@@ -1,4 +1,9 @@
-"""The small vocabulary of the client's calls: request ids, reboot types, create progress."""
+"""The small vocabulary of the client's calls: request ids, reboot types, modes, create progress.
+
+The modes are Ganeti 3.0's (``lib/_constants.py``: ``REPLACE_MODES``, ``NODE_EVAC_MODES``,
+``HT_MIGRATION_MODES``, ``EXPORT_MODES``, ``VALID_ALLOC_POLICIES``, ``NIC_VALID_MODES``,
+``QR_VIA_RAPI``, the ``ST_*`` storage types; node roles from ``lib/rapi/rlib2.py``).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,48 @@ from typing import Literal
 
 from synnefo_ganeti.errors import GanetiError
 
-__all__ = ["REASON_PREFIX", "CreateProgress", "RebootType", "new_request_id"]
+__all__ = [
+    "ALLOC_POLICIES",
+    "EXPORT_MODES",
+    "MIGRATION_MODES",
+    "NETWORK_MODES",
+    "NODE_EVACUATE_MODES",
+    "NODE_ROLES",
+    "QUERY_RESOURCES",
+    "REASON_PREFIX",
+    "REPLACE_DISKS_MODES",
+    "SETTABLE_NODE_ROLES",
+    "STORAGE_TYPES",
+    "CreateProgress",
+    "NodeRole",
+    "RebootType",
+    "new_request_id",
+]
 
 #: the reason-trail prefix a create's request id travels under (``synnefo-ganeti:<id>``)
 REASON_PREFIX = "synnefo-ganeti:"
 #: how ``reboot_instance`` reboots: the OS only, the VM, or the VM with its configuration re-read
 RebootType = Literal["soft", "hard", "full"]
+#: a node's role as ``GET /2/nodes/NAME/role`` answers it
+NodeRole = Literal["master", "master-candidate", "regular", "drained", "offline"]
+NODE_ROLES: frozenset[str] = frozenset({"master", "master-candidate", "regular", "drained", "offline"})
+#: the roles ``PUT /2/nodes/NAME/role`` sets (``master`` only by a master failover)
+SETTABLE_NODE_ROLES: frozenset[str] = NODE_ROLES - {"master"}
+REPLACE_DISKS_MODES: frozenset[str] = frozenset(
+    {"replace_auto", "replace_new_secondary", "replace_on_primary", "replace_on_secondary"}
+)
+NODE_EVACUATE_MODES: frozenset[str] = frozenset({"all", "primary-only", "secondary-only"})
+MIGRATION_MODES: frozenset[str] = frozenset({"live", "non-live"})
+EXPORT_MODES: frozenset[str] = frozenset({"local", "remote"})
+ALLOC_POLICIES: frozenset[str] = frozenset({"preferred", "last_resort", "unallocable"})
+NETWORK_MODES: frozenset[str] = frozenset({"bridged", "openvswitch", "pool", "routed"})
+#: what ``/2/query/WHAT`` serves
+QUERY_RESOURCES: frozenset[str] = frozenset(
+    {"export", "filter", "group", "instance", "job", "lock", "network", "node"}
+)
+STORAGE_TYPES: frozenset[str] = frozenset(
+    {"blockdev", "diskless", "ext", "file", "sharedfile", "gluster", "lvm-pv", "lvm-vg", "rados"}
+)
 
 
 def new_request_id() -> str:

@@ -3,6 +3,13 @@
 Layers (each knows only the one below): :class:`Transport` (session, TLS, auth,
 slots, error mapping) -> retry rules (:mod:`._retry`) -> typed calls here.
 
+``RapiClient`` covers every public method of Ganeti 3.0's own client
+(``ganeti.rapi.client.GanetiRapiClient``; the table is in ``docs/rapi-client.md``). This
+module is its core: construction, listing and creating instances, jobs. The other
+resources are mixins, one module per group (``_api_cluster``, ``_api_instances``,
+``_api_instance_ops``, ``_api_nodes``, ``_api_groups``, ``_api_networks``, ``_api_query``),
+all calling through the plumbing of :class:`~._base.RapiBase`.
+
 Concurrency: every call may be made from many tasks at once; the transport keeps
 at most ``max_connections`` requests in flight and long-polls to their share.
 ``create_instances`` runs ``max_connections`` workers over the specs, so a burst of
@@ -14,7 +21,8 @@ reason trail (``?reason=synnefo-ganeti:<id>``, stored by Ganeti as
 ``["gnt:user", "synnefo-ganeti:<id>", ts]`` in the job's op). When a create's
 outcome is unknown (the connection broke or timed out after sending, a 502/504,
 or a success answer that is not a job id), the client searches the job list for
-that id before sending again (or before giving up).
+that id before sending again (or before giving up). Every other write is sent
+again only when it surely did not reach Ganeti (:func:`~._retry.is_unsent`).
 """
 
 from __future__ import annotations
@@ -22,12 +30,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeVar
-from urllib.parse import quote
+from typing import Any, Self
 
-from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic import SecretStr
 
 from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti.errors import (
@@ -39,8 +46,16 @@ from synnefo_ganeti.errors import (
     RapiError,
     RapiTimeoutError,
 )
+from synnefo_ganeti.rapi._api_cluster import ClusterApi
+from synnefo_ganeti.rapi._api_groups import GroupApi
+from synnefo_ganeti.rapi._api_instance_ops import InstanceOpsApi
+from synnefo_ganeti.rapi._api_instances import InstanceApi
+from synnefo_ganeti.rapi._api_networks import NetworkApi
+from synnefo_ganeti.rapi._api_nodes import NodeApi
+from synnefo_ganeti.rapi._api_query import QueryApi
+from synnefo_ganeti.rapi._base import query_args
 from synnefo_ganeti.rapi._calls import REASON_PREFIX, CreateProgress, RebootType, new_request_id
-from synnefo_ganeti.rapi._models import CancelResult, ClusterInfo, Instance, InstanceSpec, Job, Node
+from synnefo_ganeti.rapi._models import CancelResult, Instance, InstanceSpec, Job
 from synnefo_ganeti.rapi._retry import RetryPolicy, is_transient, is_unsent
 from synnefo_ganeti.rapi._tls import build_tls
 from synnefo_ganeti.rapi._transport import LONG_POLL_GRACE, Transport
@@ -49,11 +64,8 @@ __all__ = ["CreateProgress", "RapiClient", "RebootType", "new_request_id"]
 
 logger = logging.getLogger("synnefo_ganeti.rapi")
 
-T = TypeVar("T")
-M = TypeVar("M", bound=BaseModel)
 
-
-class RapiClient:
+class RapiClient(ClusterApi, InstanceApi, InstanceOpsApi, NodeApi, GroupApi, NetworkApi, QueryApi):
     """An asyncio client of one Ganeti cluster's RAPI.
 
     ``url`` is the RAPI's base URL (``https://master:5080``); credentials are given
@@ -65,6 +77,9 @@ class RapiClient:
     ``timeout`` is the per-request limit in seconds; ``retry`` the policy for
     transient failures; ``name`` the backend's name, the ``backend`` label of the
     RAPI metrics (the URL's ``host:port`` when not given).
+
+    It has one method per public method of Ganeti 3.0's ``GanetiRapiClient`` (the table
+    is in ``docs/rapi-client.md``): the core here, each resource group in its mixin.
     """
 
     def __init__(
@@ -150,101 +165,6 @@ class RapiClient:
         """Requests being sent or answered right now."""
         return self._transport.in_flight
 
-    # ------------------------------------------------------------------ plumbing
-
-    async def _retrying(
-        self, call: Callable[[], Awaitable[T]], retryable: Callable[[GanetiError], bool]
-    ) -> T:
-        delays = self.retry.delays()
-        while True:
-            try:
-                return await call()
-            except GanetiError as exc:
-                if not retryable(exc):
-                    raise
-                delay = next(delays, None)
-                if delay is None:
-                    raise
-                logger.info("%s: retrying in %.2f s after: %s", self.url, delay, exc)
-                await asyncio.sleep(delay)
-
-    async def _get(self, path: str, query: dict[str, str] | None = None) -> Any:
-        return await self._retrying(lambda: self._transport.request("GET", path, query=query), is_transient)
-
-    async def _write(
-        self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None
-    ) -> Any:
-        payload = {} if body is None else body
-        return await self._retrying(
-            lambda: self._transport.request(method, path, query=query, body=payload), is_unsent
-        )
-
-    async def _write_job(
-        self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None
-    ) -> int:
-        return self._job_id(await self._write(method, path, body, query), f"{method} {path}")
-
-    def _job_id(self, answer: Any, what: str) -> int:
-        try:
-            if isinstance(answer, bool):
-                raise TypeError
-            return int(answer)
-        except (TypeError, ValueError):
-            raise RapiError(
-                f"{self.where}: {what} answered {answer!r}, not a job id; is this a ganeti-rapi?",
-                url=self.url,
-            ) from None
-
-    def _parse(self, model: type[M], data: Any, what: str) -> M:
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise RapiError(
-                f"{self.where}: {what} answered data of an unexpected shape ({exc.error_count()} problems, "
-                f"first: {first['loc']} {first['msg']}); report this with the Ganeti version",
-                url=self.url,
-            ) from None
-
-    @staticmethod
-    def _instance_path(name: str, action: str = "") -> str:
-        if not name:
-            raise ConfigError("instance name is empty")
-        path = f"/2/instances/{quote(name, safe='')}"
-        return f"{path}/{action}" if action else path
-
-    # ------------------------------------------------------------------ cluster
-
-    async def version(self) -> int:
-        """The RAPI version (``GET /version``; 2 for every Ganeti since 2.0)."""
-        return int(await self._get("/version"))
-
-    async def info(self) -> ClusterInfo:
-        """Cluster information (``GET /2/info``)."""
-        return self._parse(ClusterInfo, await self._get("/2/info"), "GET /2/info")
-
-    async def features(self) -> list[str]:
-        """The RAPI features (``GET /2/features``), asked once per client."""
-        if self._features is None:
-            answer = await self._get("/2/features")
-            self._features = [str(item) for item in answer]
-        return list(self._features)
-
-    async def list_os(self) -> list[str]:
-        """The OSes every node offers, a variant as ``os+variant`` (``GET /2/os``; Ganeti runs an
-        ``OP_OS_DIAGNOSE`` job for it, so ask seldom)."""
-        answer = await self._get("/2/os")
-        if not isinstance(answer, list):
-            raise RapiError(
-                f"{self.where}: GET /2/os answered {answer!r}, not a list of OS names", url=self.url
-            )
-        return [str(item) for item in answer]
-
-    async def list_nodes(self) -> list[Node]:
-        """Every node with its capacity (``GET /2/nodes?bulk=1``)."""
-        answer = await self._get("/2/nodes", {"bulk": "1"})
-        return [self._parse(Node, item, "GET /2/nodes?bulk=1") for item in answer]
-
     # ------------------------------------------------------------------ instances
 
     async def list_instances(self) -> list[Instance]:
@@ -253,10 +173,10 @@ class RapiClient:
         with gc_paused():
             return [self._parse(Instance, item, "GET /2/instances?bulk=1") for item in answer]
 
-    async def get_instance(self, name: str) -> Instance:
+    async def get_instance(self, name: str, *, reason: str | None = None) -> Instance:
         """One instance (``GET /2/instances/NAME``); :class:`NotFoundError` if Ganeti has none."""
         path = self._instance_path(name)
-        return self._parse(Instance, await self._get(path), f"GET {path}")
+        return self._parse(Instance, await self._get(path, query_args(reason=reason)), f"GET {path}")
 
     async def create_instance(
         self, spec: InstanceSpec, *, dry_run: bool = False, request_id: str | None = None
@@ -364,36 +284,6 @@ class RapiClient:
                 group.create_task(worker(), name=f"create-worker-{number}")
         return [result for result in results if result is not None]
 
-    async def delete_instance(self, name: str) -> int:
-        """Remove an instance (``DELETE /2/instances/NAME``); returns the job id."""
-        path = self._instance_path(name)
-        return self._job_id(
-            await self._retrying(lambda: self._transport.request("DELETE", path), is_unsent), f"DELETE {path}"
-        )
-
-    async def startup_instance(self, name: str) -> int:
-        """Start an instance (``PUT /2/instances/NAME/startup``); returns the job id."""
-        return await self._write_job("PUT", self._instance_path(name, "startup"))
-
-    async def shutdown_instance(self, name: str) -> int:
-        """Stop an instance (``PUT /2/instances/NAME/shutdown``); returns the job id."""
-        return await self._write_job("PUT", self._instance_path(name, "shutdown"))
-
-    async def reboot_instance(self, name: str, *, reboot_type: RebootType = "soft") -> int:
-        """Reboot an instance (``POST /2/instances/NAME/reboot``); returns the job id."""
-        if reboot_type not in ("soft", "hard", "full"):
-            raise ConfigError(f"reboot_type must be soft, hard or full, not {reboot_type!r}")
-        return await self._write_job("POST", self._instance_path(name, "reboot"), query={"type": reboot_type})
-
-    async def modify_instance(self, name: str, **params: Any) -> int:
-        """Change an instance's parameters (``PUT /2/instances/NAME/modify``); returns the job id.
-
-        ``params`` are Ganeti's (``beparams={"memory": 256}``, ``hvparams=...``, ``nics=...``).
-        """
-        if not params:
-            raise ConfigError(f"modify_instance({name!r}) needs at least one parameter to change")
-        return await self._write_job("PUT", self._instance_path(name, "modify"), body=params)
-
     # ------------------------------------------------------------------ jobs
 
     async def list_jobs(self) -> list[Job]:
@@ -431,34 +321,17 @@ class RapiClient:
         :class:`JobNotFoundError`.
         """
         job_id = int(job_id)
-        path = f"/2/jobs/{job_id}/wait"
-        per_request = max(self.timeout, LONG_POLL_GRACE + 10.0)
         previous_info: list[Any] | None = None
         previous_serial: int | None = None
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    body = {
-                        "fields": ["status"],
-                        "previous_job_info": previous_info,
-                        "previous_log_serial": previous_serial,
-                    }
-                    try:
-                        answer = await self._retrying(
-                            lambda body=body: self._transport.request(  # type: ignore[misc]
-                                "GET", path, body=body, timeout=per_request, long_poll=True
-                            ),
-                            is_transient,
-                        )
-                    except RapiError as exc:
-                        if exc.status == 500 and "load job" in (exc.ganeti_message or ""):
-                            raise self._unknown_job(job_id) from None
-                        if exc.status == 404:
-                            raise self._unknown_job(job_id) from None
-                        raise
+                    answer = await self.wait_for_job_change(
+                        job_id, ["status"], previous_info, previous_serial
+                    )
                     if answer is None:  # older Ganetis: "nothing changed"
                         continue
-                    info = answer.get("job_info") if isinstance(answer, dict) else None
+                    info = answer.get("job_info")
                     if not info or info[0] is None:
                         raise self._unknown_job(job_id)
                     for entry in answer.get("log_entries") or []:
@@ -475,10 +348,49 @@ class RapiClient:
                 url=self.url,
             ) from None
 
-    async def cancel_job(self, job_id: int) -> CancelResult:
+    async def wait_for_job_change(
+        self,
+        job_id: int,
+        fields: Sequence[str],
+        previous_job_info: list[Any] | None,
+        previous_log_serial: int | None,
+    ) -> dict[str, Any] | None:
+        """One long-poll of ``GET /2/jobs/ID/wait`` (Ganeti's ``WaitForJobChange``).
+
+        Returns as soon as the job's ``fields`` differ from ``previous_job_info`` or it has log
+        entries after ``previous_log_serial``, or after ~10 s unchanged:
+        ``{"job_info": [...], "log_entries": [[serial, [sec, usec], type, message], ...]}``
+        (``None`` from old Ganetis when nothing changed). Needs write access; holds one of the
+        ``long_poll_slots``; :class:`JobNotFoundError` for an unknown job.
+        """
+        job_id = int(job_id)
+        path = f"/2/jobs/{job_id}/wait"
+        body = {
+            "fields": list(fields),
+            "previous_job_info": previous_job_info,
+            "previous_log_serial": previous_log_serial,
+        }
+        per_request = max(self.timeout, LONG_POLL_GRACE + 10.0)
+        try:
+            answer = await self._retrying(
+                lambda: self._transport.request("GET", path, body=body, timeout=per_request, long_poll=True),
+                is_transient,
+            )
+        except RapiError as exc:
+            if exc.status == 404 or (exc.status == 500 and "load job" in (exc.ganeti_message or "")):
+                raise self._unknown_job(job_id) from None
+            raise
+        if answer is None:
+            return None
+        if not isinstance(answer, dict):
+            raise self._unknown_job(job_id)
+        return answer
+
+    async def cancel_job(self, job_id: int, *, dry_run: bool = False) -> CancelResult:
         """Cancel a job (``DELETE /2/jobs/ID``); Ganeti cancels only jobs not yet running."""
         path = f"/2/jobs/{int(job_id)}"
-        answer = await self._retrying(lambda: self._transport.request("DELETE", path), is_unsent)
+        query = query_args(dry_run=dry_run)
+        answer = await self._retrying(lambda: self._transport.request("DELETE", path, query=query), is_unsent)
         if isinstance(answer, list) and len(answer) == 2:
             return CancelResult(bool(answer[0]), str(answer[1]))
         raise RapiError(

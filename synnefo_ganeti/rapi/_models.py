@@ -16,12 +16,18 @@ from synnefo_ganeti.jobs import JobStatus
 __all__ = [
     "CancelResult",
     "ClusterInfo",
+    "FilterRule",
+    "Group",
     "Instance",
+    "InstanceConsole",
     "InstanceSpec",
     "Job",
     "JobFailure",
     "LogEntry",
+    "Network",
     "Node",
+    "QueryField",
+    "QueryResult",
     "Timestamp",
 ]
 
@@ -279,4 +285,109 @@ class Job(_Payload):
             for op in self.ops
             for item in op.get("reason") or []
             if isinstance(item, list | tuple) and len(item) >= 2 and item[0] == "gnt:user"
+        ]
+
+
+class Group(_Payload):
+    """A node group from ``GET /2/groups?bulk=1`` or ``/2/groups/NAME`` (rlib2's ``G_FIELDS``)."""
+
+    name: str
+    uuid: str | None = None
+    alloc_policy: str | None = None
+    node_cnt: int | None = None
+    node_list: list[str] = Field(default_factory=list)
+    ipolicy: dict[str, Any] = Field(default_factory=dict)
+    custom_ipolicy: dict[str, Any] = Field(default_factory=dict)
+    diskparams: dict[str, Any] = Field(default_factory=dict)
+    custom_diskparams: dict[str, Any] = Field(default_factory=dict)
+    ndparams: dict[str, Any] = Field(default_factory=dict)
+    custom_ndparams: dict[str, Any] = Field(default_factory=dict)
+    tags: list[str] = Field(default_factory=list)
+    ctime: float | None = None
+    mtime: float | None = None
+    serial_no: int | None = None
+
+
+class Network(_Payload):
+    """A network from ``GET /2/networks?bulk=1`` or ``/2/networks/NAME`` (rlib2's ``NET_FIELDS``).
+
+    ``group_list`` holds ``[group, mode, link, vlan]`` per connected group, as Ganeti gives it.
+    """
+
+    name: str
+    uuid: str | None = None
+    network: str | None = None
+    gateway: str | None = None
+    network6: str | None = None
+    gateway6: str | None = None
+    mac_prefix: str | None = None
+    free_count: int | None = None
+    reserved_count: int | None = None
+    map: str | None = None
+    group_list: list[Any] = Field(default_factory=list)
+    inst_list: list[str] = Field(default_factory=list)
+    external_reservations: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    ctime: float | None = None
+    mtime: float | None = None
+    serial_no: int | None = None
+
+
+class FilterRule(_Payload):
+    """A job filter rule from ``GET /2/filters?bulk=1`` or ``/2/filters/UUID``."""
+
+    uuid: str
+    priority: int = 0
+    predicates: list[Any] = Field(default_factory=list)
+    action: Any = "CONTINUE"
+    reason_trail: list[Any] = Field(default_factory=list)
+    watermark: int | None = None
+
+
+class InstanceConsole(_Payload):
+    """How to reach a running instance's console (``GET /2/instances/NAME/console``).
+
+    ``kind`` is ``msg``, ``ssh``, ``spice`` or ``vnc`` (Ganeti's ``objects.InstanceConsole``).
+    """
+
+    instance: str
+    kind: str
+    message: str | None = None
+    host: str | None = None
+    port: int | None = None
+    user: str | None = None
+    command: list[str] | None = None
+    display: int | None = None
+
+
+class QueryField(_Payload):
+    """One field a ``/2/query/WHAT`` serves: Ganeti's ``QueryFieldDefinition``."""
+
+    name: str
+    title: str | None = None
+    kind: str | None = None
+    doc: str | None = None
+
+
+class QueryResult(_Payload):
+    """The answer of ``/2/query/WHAT``: the fields asked for, then one row per item.
+
+    Each cell is ``(status, value)``; status 0 (``RS_NORMAL``) means the value is there, others
+    that it is unknown, no data, unavailable or offline (``value`` is then ``None``).
+    """
+
+    fields: list[QueryField]
+    data: list[list[tuple[int, Any]]] = Field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return [field.name for field in self.fields]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """Each row as ``{field name: value}``; a value Ganeti could not give is ``None``."""
+        names = self.names
+        return [
+            {name: value if status == 0 else None for name, (status, value) in zip(names, row, strict=False)}
+            for row in self.data
         ]

@@ -37,7 +37,8 @@ import logging
 import re
 import sys
 import time
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, TypeAlias
 
 import aiohttp
 import orjson
@@ -60,10 +61,12 @@ from synnefo_ganeti.errors import (
 from synnefo_ganeti.metrics import RAPI_LATENCY, RAPI_REQUESTS
 from synnefo_ganeti.rapi._tls import TLSConfig
 
-__all__ = ["Transport"]
+__all__ = ["QueryArgs", "Transport"]
 
 logger = logging.getLogger("synnefo_ganeti.rapi")
 
+#: a request's query: a mapping, or (name, value) pairs where a name repeats (``?tag=a&tag=b``)
+QueryArgs: TypeAlias = Mapping[str, str] | Sequence[tuple[str, str]]
 _NO_BODY: Final = object()
 USER_AGENT: Final = f"synnefo-ganeti/{__version__}"
 LONG_POLL_GRACE: Final = 10.0  # Ganeti's /wait answers after at most ~10 s; allow this much more
@@ -161,7 +164,7 @@ class Transport:
         method: str,
         path: str,
         *,
-        query: dict[str, str] | None = None,
+        query: QueryArgs | None = None,
         body: Any = _NO_BODY,
         timeout: float | None = None,
         long_poll: bool = False,
@@ -185,7 +188,7 @@ class Transport:
         self,
         method: str,
         path: str,
-        query: dict[str, str] | None,
+        query: QueryArgs | None,
         body: Any,
         timeout: float | None,
         long_poll: bool = False,

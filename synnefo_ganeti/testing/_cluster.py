@@ -73,6 +73,7 @@ class FakeNode:
     drained: bool = False
     vm_capable: bool = True
     master: bool = False
+    candidate: bool = True  # a master candidate (``master_candidate``), else a regular node
     uuid: str = field(default_factory=lambda: str(uuid.uuid4()))
     ip: str = "198.51.100.10"
     tags: list[str] = field(default_factory=list)
@@ -140,7 +141,7 @@ def instance_view(inst: FakeInstance, link: str) -> dict[str, Any]:
         "nic.uuids": [nic["uuid"] for nic in inst.nics],
         "nic.names": [nic.get("name") for nic in inst.nics],
         "nic.links": [nic.get("link", link) for nic in inst.nics],
-        "nic.networks": [nic.get("network") for nic in inst.nics],
+        "nic.networks": [nic.get("network_uuid", nic.get("network")) for nic in inst.nics],
         "nic.networks.names": [nic.get("network") for nic in inst.nics],
         "nic.bridges": [nic.get("link", link) for nic in inst.nics],
         "network_port": None,
@@ -157,7 +158,7 @@ def instance_view(inst: FakeInstance, link: str) -> dict[str, Any]:
         "status": status,
         "custom_hvparams": dict(inst.hvparams),
         "custom_beparams": dict(inst.custom_beparams),
-        "custom_nicparams": [{} for _ in inst.nics],
+        "custom_nicparams": [dict(nic.get("nicparams") or {}) for nic in inst.nics],
         "ctime": inst.ctime,
         "mtime": inst.mtime,
         "uuid": inst.uuid,
@@ -178,6 +179,15 @@ def free_capacity(node: FakeNode, instances: Iterable[FakeInstance]) -> tuple[in
     return node.mtotal - node.mnode - used_memory, node.dtotal - used_disk
 
 
+def node_role(node: FakeNode) -> str:
+    """Ganeti's node role letter: master, offline, drained, (master) candidate, regular."""
+    if node.master:
+        return "M"
+    if node.offline or node.drained:
+        return "O" if node.offline else "D"
+    return "C" if node.candidate else "R"
+
+
 def node_view(node: FakeNode, instances: list[FakeInstance], group_uuid: str) -> dict[str, Any]:
     """``GET /2/nodes?bulk=1`` items; capacity is ``null`` for an offline node, as Ganeti reports it."""
     mine = [inst for inst in instances if inst.pnode == node.name]
@@ -186,7 +196,7 @@ def node_view(node: FakeNode, instances: list[FakeInstance], group_uuid: str) ->
     return {
         "name": node.name,
         "offline": node.offline,
-        "master_candidate": node.master or not node.offline,
+        "master_candidate": node.master or (node.candidate and not node.offline and not node.drained),
         "drained": node.drained,
         "dtotal": node.dtotal if live else None,
         "dfree": dfree,
@@ -203,7 +213,7 @@ def node_view(node: FakeNode, instances: list[FakeInstance], group_uuid: str) ->
         "csockets": 1 if live else None,
         "pip": node.ip,
         "sip": node.ip,
-        "role": "M" if node.master else ("O" if node.offline else ("D" if node.drained else "C")),
+        "role": node_role(node),
         "pinst_list": sorted(inst.name for inst in mine),
         "sinst_list": [],
         "master_capable": True,

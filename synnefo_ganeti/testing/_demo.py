@@ -20,16 +20,22 @@ What it shows, in order:
 5. a summary: requests per backend and status, duplicates and lost requests counted
    from the fakes' own state, backend events, the drift, and the wall time.
 
+``around`` (``demo --web``: the operator console) is entered with the running world
+(:class:`DemoWorld`) once the dispatcher is ready and left before it stops; ``hold``,
+awaited after the scenario (outside the timeout), keeps the world running until it returns.
+
 No root, no config, nothing beyond loopback; about 30 seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +55,7 @@ __all__ = [
     "DemoProgress",
     "DemoReport",
     "DemoStepError",
+    "DemoWorld",
     "run_demo",
 ]
 
@@ -124,6 +131,17 @@ class DemoReport:
         )
 
 
+@dataclass(frozen=True)
+class DemoWorld:
+    """The running demo: its settings, store, control plane, dispatcher and fake clusters."""
+
+    settings: Settings
+    store: Store
+    cp: ControlPlane
+    dispatcher: Dispatcher
+    fakes: dict[str, FakeGaneti]
+
+
 class DemoStepError(GanetiError):
     """A step of the demo failed; the message names it."""
 
@@ -153,16 +171,20 @@ async def run_demo(
     db_url: str | None = None,
     timeout: float = 110.0,
     on_progress: Callable[[DemoProgress], None] | None = None,
+    around: Callable[[DemoWorld], AbstractAsyncContextManager[object]] | None = None,
+    hold: Callable[[DemoWorld], Awaitable[None]] | None = None,
 ) -> DemoReport:
     """Run the scenario; :class:`DemoStepError` names the step that failed.
 
     ``on_progress`` is called with a :class:`DemoProgress` four times a second while
-    the requests are worked off.
+    the requests are worked off. ``around`` and ``hold``: see the module docstring.
     """
     with tempfile.TemporaryDirectory(prefix="synnefo-ganeti-demo-") as scratch:
         demo = _Demo(Path(scratch), count, speed=speed, db_url=db_url, on_progress=on_progress)
+        demo.around, demo.hold = around, hold
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout) as deadline:
+                demo.deadline = deadline
                 await demo.run()
         except TimeoutError:
             raise DemoStepError(demo.step, f"not done within {timeout:g} s") from None
@@ -190,6 +212,9 @@ class _Demo:
         self.report = DemoReport(requests=count, database=db_url or "a temporary SQLite file")
         self.fakes: dict[str, FakeGaneti] = {}
         self.status_line = "starting"
+        self.around: Callable[[DemoWorld], AbstractAsyncContextManager[object]] | None = None
+        self.hold: Callable[[DemoWorld], Awaitable[None]] | None = None
+        self.deadline: asyncio.Timeout | None = None
 
     async def run(self) -> None:
         started = time.perf_counter()
@@ -264,9 +289,16 @@ class _Demo:
                 self.report.metrics_url = dispatcher.status.url + "/metrics"
             try:
                 async with ControlPlane(settings, store=store) as cp:
-                    await self._requests(cp, store, dispatcher)
-                    self.step = "inject a drift and reconcile"
-                    await self._drift(store, dispatcher)
+                    world = DemoWorld(settings, store, cp, dispatcher, self.fakes)
+                    async with self.around(world) if self.around else contextlib.nullcontext():
+                        await self._requests(cp, store, dispatcher)
+                        self.step = "inject a drift and reconcile"
+                        await self._drift(store, dispatcher)
+                        if self.hold is not None:
+                            self.step = "hold the world open"
+                            if self.deadline is not None:
+                                self.deadline.reschedule(None)  # as long as the holder wants
+                            await self.hold(world)
             finally:
                 dispatcher.stop()
                 failed = await running

@@ -39,17 +39,30 @@ import uuid
 from typing import Any
 
 from synnefo_ganeti.jobs import JobStatus
-from synnefo_ganeti.testing import _opcodes, _ops_cluster, _ops_create, _ops_instances
+from synnefo_ganeti.testing import (
+    _opcodes,
+    _ops_cluster,
+    _ops_create,
+    _ops_disks,
+    _ops_groups,
+    _ops_instances,
+    _ops_moves,
+    _ops_networks,
+    _ops_nodes,
+    _ops_tags,
+)
 from synnefo_ganeti.testing._cluster import FakeInstance, FakeNode, OpFailure, instance_view, node_view
 from synnefo_ganeti.testing._jobs import FakeJob, FakeOp, now_ts
 from synnefo_ganeti.testing._locks import LockManager, Request
+from synnefo_ganeti.testing._model import ClusterModel
 from synnefo_ganeti.testing._queue import QueueDir
 from synnefo_ganeti.testing._registry import LOCKS, OPCODES
 
 __all__ = ["DEFAULT_OP_TIMES", "FakeCluster", "FakeJob", "FakeOp"]
 
 _BEPARAMS_DEFAULTS = _ops_create.BEPARAMS_DEFAULTS  # the name benchmarks/reconcile.py imports
-_HANDLER_MODULES = (_ops_cluster, _ops_create, _ops_instances)
+_HANDLER_MODULES = (_ops_cluster, _ops_create, _ops_instances, _ops_disks, _ops_groups, _ops_moves, _ops_networks,
+                    _ops_nodes, _ops_tags)  # fmt: skip
 TEMP_NORES = (
     "temp_insufficient_resources"  # errors.ECODE_TEMP_NORES  # imported for their @opcode registrations
 )
@@ -114,6 +127,8 @@ class FakeCluster:
         self.hypervisor = hypervisor
         self.link = link
         self.group_uuid = str(uuid.uuid4())
+        #: groups, networks, cluster tags, filters, exports (:mod:`._model`)
+        self.model = ClusterModel.default(self.group_uuid, list(self.nodes))
         self.queue = queue
         self.max_running_jobs = max_running_jobs
         self.op_times = DEFAULT_OP_TIMES | (op_times or {})
@@ -144,7 +159,9 @@ class FakeCluster:
 
     def node_views(self) -> list[dict[str, Any]]:
         instances = list(self.instances.values())
-        return [node_view(node, instances, self.group_uuid) for node in self.nodes.values()]
+        return [
+            node_view(node, instances, self.model.group_of(node.name).uuid) for node in self.nodes.values()
+        ]
 
     def instance_view(self, name: str) -> dict[str, Any] | None:
         inst = self.instances.get(name)
@@ -168,6 +185,7 @@ class FakeCluster:
         client: tuple[str, str] | None = None,
         dry_run: bool = False,
         user_reason: str | None = None,
+        library_reason: bool = True,
     ) -> int:
         """Queue a job of ``(OP_ID, params)`` ops; returns its id at once, as luxid does.
 
@@ -188,7 +206,7 @@ class FakeCluster:
                 reason.append(["gnt:user", user_reason, ns])
             if client is not None:
                 reason.append([f"gnt:client:{client[0]}", client[1], ns])
-            else:
+            elif library_reason:  # not for ops a resource builds itself (rlib2's reinstall)
                 reason.append([f"gnt:library:rlib2:{resource}", "", ns])
             snake = op_id.removeprefix("OP_").lower()
             reason.append([f"gnt:opcode:{snake}", f"job={job_id};index={index}", ns + 3000])

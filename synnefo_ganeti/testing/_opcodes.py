@@ -13,9 +13,11 @@ An op's ``input`` goes through three forms (see tests/fixtures/ganeti-3.0-queue)
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-__all__ = ["GENERIC", "LUXID", "RESOLVED", "summary"]
+__all__ = ["GENERIC", "LUXID", "RESOLVED", "SURFACE_OPS", "summary"]
 
 GENERIC = ("dry_run", "debug_level", "priority", "depends", "comment", "reason", "OP_ID")
 
@@ -85,7 +87,7 @@ RESOLVED: dict[str, dict[str, Any]] = {
     "OP_INSTANCE_SET_PARAMS": {
         "instance_name": None, "instance_uuid": None, "force": False, "force_variant": False,
         "ignore_ipolicy": False, "nics": [], "disks": [], "beparams": {}, "hvparams": {}, "ext_params": {},
-        "osparams": {}, "osparams_private": {}, "wait_for_sync": True, "offline": None, "conflicts_check": True,
+        "osparams": {}, "osparams_private": None, "wait_for_sync": True, "offline": None, "conflicts_check": True,
         "hotplug": False, "hotplug_if_possible": False, "instance_communication": None,
     },
     "OP_INSTANCE_MULTI_ALLOC": {"opportunistic_locking": False, "iallocator": None, "instances": []},
@@ -103,6 +105,38 @@ _SUMMARY_FIELD = {
     "OP_INSTANCE_REMOVE": "instance_name",
     "OP_INSTANCE_SET_PARAMS": "instance_name",
     "OP_TEST_DELAY": "duration",
+}
+
+
+# Every other opcode, from Ganeti 3.0's own ``opcodes`` module (scripts/gen-fake-opcodes.py):
+# its parameters in job-file order with their defaults, and the field its summary names.
+_GANETI_OPCODES: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "opcodes.json").read_text())
+#: the opcodes of the rest of the RAPI the fake executes (_ops_disks, _ops_groups, _ops_moves,
+#: _ops_networks, _ops_nodes, _ops_tags): each has a handler
+SURFACE_OPS = (
+    "OP_BACKUP_EXPORT", "OP_BACKUP_PREPARE", "OP_CLUSTER_REDIST_CONF", "OP_CLUSTER_SET_PARAMS", "OP_GROUP_ADD",
+    "OP_GROUP_ASSIGN_NODES", "OP_GROUP_REMOVE", "OP_GROUP_RENAME", "OP_GROUP_SET_PARAMS",
+    "OP_INSTANCE_ACTIVATE_DISKS", "OP_INSTANCE_DEACTIVATE_DISKS", "OP_INSTANCE_FAILOVER", "OP_INSTANCE_GROW_DISK",
+    "OP_INSTANCE_MIGRATE", "OP_INSTANCE_QUERY_DATA", "OP_INSTANCE_RECREATE_DISKS", "OP_INSTANCE_REINSTALL",
+    "OP_INSTANCE_RENAME", "OP_INSTANCE_REPLACE_DISKS", "OP_NETWORK_ADD", "OP_NETWORK_CONNECT",
+    "OP_NETWORK_DISCONNECT", "OP_NETWORK_REMOVE", "OP_NETWORK_SET_PARAMS", "OP_NODE_EVACUATE", "OP_NODE_MIGRATE",
+    "OP_NODE_MODIFY_STORAGE", "OP_NODE_POWERCYCLE", "OP_NODE_QUERY_STORAGE", "OP_NODE_SET_PARAMS",
+    "OP_REPAIR_NODE_STORAGE", "OP_TAGS_DEL", "OP_TAGS_SET",
+)  # fmt: skip
+for _op_id in SURFACE_OPS:
+    _spec = _GANETI_OPCODES[_op_id]
+    if _op_id not in RESOLVED:
+        RESOLVED[_op_id] = {name: default for name, default in _spec["params"]}
+        # luxid's form lacks what only the executor resolves (uuids) and the private params
+        LUXID[_op_id] = {name: default for name, default in _spec["params"]
+                         if not name.endswith(("_uuid", "_uuids")) and "private" not in name}  # fmt: skip
+        if _spec["summary"]:
+            _SUMMARY_FIELD[_op_id] = _spec["summary"]
+# set-params' resolved form has every parameter, the unset ones null (a real job file: tests/fixtures/
+# ganeti-3.0-queue/surface/job-88...): the defaults above, in Ganeti's order
+RESOLVED["OP_INSTANCE_SET_PARAMS"] = {
+    name: RESOLVED["OP_INSTANCE_SET_PARAMS"].get(name, default)
+    for name, default in _GANETI_OPCODES["OP_INSTANCE_SET_PARAMS"]["params"]
 }
 
 
@@ -144,7 +178,12 @@ def waiting_input(luxid: dict[str, Any]) -> dict[str, Any]:
 def rapi_input(current: dict[str, Any]) -> dict[str, Any]:
     """An op as ``GET /2/jobs/ID`` shows it: luxid re-serialises the opcode, generic fields
     first and optional fields that are unset (``null``) left out."""
-    head = {key: current[key] for key in GENERIC if key in current}
+    # a GET resource's op (``/2/instances/NAME/info``) has no dry_run: left out, as unset
+    head = {
+        key: current[key]
+        for key in GENERIC
+        if key in current and (key != "dry_run" or current[key] is not None)
+    }
     return head | {key: value for key, value in current.items() if key not in GENERIC and value is not None}
 
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from synnefo_ganeti.testing._cluster import FakeInstance, OpFailure, new_mac, parse_size
 from synnefo_ganeti.testing._locks import ALL
+from synnefo_ganeti.testing._ops_networks import create_nics
 from synnefo_ganeti.testing._placement import allocate, check_policy, check_room, choose_node
 from synnefo_ganeti.testing._registry import Needs, opcode
 
@@ -215,7 +216,7 @@ async def _exec(cluster: FakeCluster, job: FakeJob, op: FakeOp, node: str, maxme
         name=name, pnode=node, os=str(p.get("os_type")), disk_template=str(p.get("disk_template")),
         hypervisor=str(p.get("hypervisor") or cluster.hypervisor), beparams=full,
         custom_beparams={k: v for k, v in custom.items() if k != "memory"},
-        nics=[_nic(nic, cluster.link) for nic in p.get("nics") or []],
+        nics=create_nics(cluster, node, list(p.get("nics") or []), lambda nic: _nic(nic, cluster.link)),
         disks=[{"size": d["size"], "uuid": str(uuid.uuid4()), "name": d.get("name")} for d in disks],
         tags=list(p.get("tags") or []), hvparams=dict(p.get("hvparams") or {}),
         admin_state="up" if p.get("start", True) else "down", oper_state=False,

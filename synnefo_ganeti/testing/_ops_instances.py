@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from synnefo_ganeti.testing import _opcodes
 from synnefo_ganeti.testing._cluster import OpFailure, parse_size
 from synnefo_ganeti.testing._locks import ALL
+from synnefo_ganeti.testing._ops_networks import nic_mods, release_nics
 from synnefo_ganeti.testing._placement import check_room, choose_node
 from synnefo_ganeti.testing._registry import Needs, opcode
 
@@ -77,6 +78,7 @@ async def instance_remove(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
     cluster.start_running(job, op, instance_uuid=inst.uuid)
     await cluster.work(job, op, [], cluster.op_time(op))
     if not op.luxid.get("dry_run"):
+        release_nics(cluster, inst)
         cluster.instances.pop(inst.name, None)
 
 
@@ -126,7 +128,8 @@ async def instance_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) ->
     beparams = dict(p.get("beparams") or {})
     if not any(p.get(key) for key in ("beparams", "hvparams", "nics", "disks", "osparams", "os_name")):
         raise OpFailure("OpPrereqError", "No changes submitted", "wrong_input")
-    cluster.start_running(job, op, instance_uuid=inst.uuid)
+    nic_changes, commit_nics, resolved_nics = nic_mods(cluster, inst, list(p.get("nics") or []))
+    cluster.start_running(job, op, instance_uuid=inst.uuid, nics=resolved_nics)
     changes: list[list[Any]] = []
     if "memory" in beparams:
         memory = beparams.pop("memory")
@@ -142,12 +145,14 @@ async def instance_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) ->
         beparams[key] = value
         changes.append([f"be/{key}", value])
     changes += [[f"hv/{key}", value] for key, value in (p.get("hvparams") or {}).items()]
+    changes += nic_changes
     await cluster.work(job, op, [], cluster.op_time(op))
     if not p.get("dry_run"):
         inst.beparams.update(beparams)
         inst.beparams["memory"] = inst.beparams.get("maxmem", inst.memory)
         inst.custom_beparams.update(beparams)
         inst.hvparams.update(p.get("hvparams") or {})
+        commit_nics()
         inst.touch()
     op.result = changes
 

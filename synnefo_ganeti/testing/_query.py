@@ -1,4 +1,9 @@
-"""``GET /2/query/job?fields=...``: the job query as Ganeti 3.0 answers it.
+"""``/2/query/RESOURCE`` and ``/2/query/RESOURCE/fields`` as Ganeti 3.0 answers them.
+
+Jobs are queried field by field below. The other resources (instance, node, group,
+network, filter, lock, export) take their field definitions from the ones recorded from
+Ganeti 3.0 (data/query_fields.json) and their values from the fake's RAPI views; a field
+Ganeti knows but the fake does not compute is ``RS_NODATA`` (2) with ``null``.
 
 The answer is ``objects.QueryResponse.ToDict()`` (``rapi/rlib2.py`` ``R_2_query``): the
 field definitions (``name``, ``title``, ``kind``, ``doc`` from ``query._BuildJobFields``)
@@ -9,16 +14,20 @@ field is ``RS_UNKNOWN`` 1 with ``null``, its kind ``unknown``). ``opstart`` is e
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from synnefo_ganeti.testing import _opcodes
+from synnefo_ganeti.testing._views import filter_view, group_view, network_view
 
 if TYPE_CHECKING:
     from synnefo_ganeti.testing._engine import FakeCluster
     from synnefo_ganeti.testing._jobs import FakeJob
 
-__all__ = ["query_jobs"]
+__all__ = ["QUERY_RESOURCES", "query", "query_fields", "query_jobs"]
 
 _Getter = Callable[["FakeJob"], Any]
 _TS = "(tuple containing seconds and microseconds)"
@@ -64,3 +73,92 @@ def query_jobs(cluster: FakeCluster, fields: list[str]) -> dict[str, Any]:
 
 def _unknown(job: FakeJob) -> None:
     return None
+
+
+_DEFS: dict[str, list[dict[str, Any]]] = json.loads(
+    (Path(__file__).parent / "data" / "query_fields.json").read_text()
+)
+#: the resources ``/2/query`` serves (``constants.QR_VIA_RAPI``)
+QUERY_RESOURCES = ("export", "filter", "group", "instance", "job", "lock", "network", "node")
+
+
+def _definition(resource: str, name: str) -> dict[str, Any]:
+    if resource == "job" and name in _JOB_FIELDS:
+        title, kind, doc, _ = _JOB_FIELDS[name]
+        return {"name": name, "title": title, "kind": kind, "doc": doc}
+    for item in _DEFS.get(resource, []):
+        if item["name"] == name:
+            return dict(item)
+    return {"name": name, "title": name, "kind": "unknown", "doc": f"Unknown field '{name}'"}
+
+
+def query_fields(resource: str, fields: list[str] | None) -> dict[str, Any]:
+    """``GET /2/query/RESOURCE/fields``: ``QueryFieldsResponse.ToDict()``."""
+    if fields is None:
+        return {"fields": [dict(item) for item in _DEFS[resource]]}
+    return {"fields": [_definition(resource, name) for name in fields]}
+
+
+def _rows(cluster: FakeCluster, resource: str) -> list[dict[str, Any]]:
+    model = cluster.model
+    if resource == "instance":
+        return cluster.instance_views()
+    if resource == "node":
+        return sorted(cluster.node_views(), key=lambda v: str(v["name"]))
+    if resource == "group":
+        return [group_view(cluster, g) for g in sorted(model.groups.values(), key=lambda g: g.name)]
+    if resource == "network":
+        return [network_view(cluster, n) for n in sorted(model.networks.values(), key=lambda n: n.name)]
+    if resource == "filter":
+        return [filter_view(f) for f in sorted(model.filters.values(), key=lambda f: (f.priority, f.uuid))]
+    if resource == "export":
+        return [{"node": node, "export": name} for name, node in sorted(model.exports.items())]
+    return []  # lock: none held between jobs
+
+
+def _matches(row: dict[str, Any], qfilter: Any) -> bool:
+    """``qlang`` filters: ``&``, ``|``, ``!``, ``=``, ``!=``, ``=~``, ``<``, ``>``, ``<=``, ``>=``, ``=[]``, ``?``."""
+    if not qfilter:
+        return True
+    op, *args = qfilter
+    if op == "&":
+        return all(_matches(row, arg) for arg in args)
+    if op == "|":
+        return any(_matches(row, arg) for arg in args)
+    if op == "!":
+        return not _matches(row, args[0])
+    if op == "?":
+        return bool(row.get(args[0]))
+    value, wanted = row.get(args[0]), args[1]
+    if op in ("=", "=="):
+        return bool(value == wanted)
+    if op == "!=":
+        return bool(value != wanted)
+    if op == "=~":
+        return value is not None and re.search(str(wanted), str(value)) is not None
+    if op == "=[]":
+        return isinstance(value, list) and wanted in value
+    compare: dict[str, Callable[[Any, Any], bool]] = {
+        "<": lambda a, b: a < b, ">": lambda a, b: a > b, "<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b,
+    }  # fmt: skip
+    return value is not None and op in compare and compare[op](value, wanted)
+
+
+def query(cluster: FakeCluster, resource: str, fields: list[str], qfilter: Any = None) -> dict[str, Any]:
+    """``GET``/``PUT /2/query/RESOURCE``: ``QueryResponse.ToDict()``."""
+    if resource == "job":
+        answer = query_jobs(cluster, fields)
+        if qfilter:
+            jobs = [job for job in sorted(cluster.jobs.values(), key=lambda j: j.id) if not job.archived]
+            keep = [
+                _matches({name: _JOB_FIELDS[name][3](job) for name in _JOB_FIELDS}, qfilter) for job in jobs
+            ]
+            answer["data"] = [row for row, wanted in zip(answer["data"], keep, strict=True) if wanted]
+        return answer
+    known = {item["name"] for item in _DEFS[resource]}
+    data = [
+        [[0, row[name]] if name in row else [2, None] if name in known else [1, None] for name in fields]
+        for row in _rows(cluster, resource)
+        if _matches(row, qfilter)
+    ]
+    return {"fields": [_definition(resource, name) for name in fields], "data": data}

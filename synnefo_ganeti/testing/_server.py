@@ -23,7 +23,7 @@ from aiohttp import web
 
 from synnefo_ganeti.testing._engine import FakeCluster
 from synnefo_ganeti.testing._errors import HTTPError, ganeti_error, invalid
-from synnefo_ganeti.testing._query import query_jobs
+from synnefo_ganeti.testing._routes import Surface
 
 __all__ = ["FAULT_KINDS", "Fault", "RapiApp"]
 
@@ -102,11 +102,11 @@ class RapiApp:
             ("GET", "/2/jobs/{job_id}", self._job),
             ("DELETE", "/2/jobs/{job_id}", self._cancel),
             ("GET", "/2/jobs/{job_id}/wait", self._wait),
-            ("GET", "/2/query/{resource}", self._query),
             ("POST", "/__fake__/faults", self._add_fault),
             ("DELETE", "/__fake__/faults", self._clear_faults),
             ("PUT", "/__fake__/knobs", self._set_knobs),
         ]
+        routes += Surface(self).routes()  # the rest of Ganeti 3.0's RAPI (_routes.py)
         for method, path, handler in routes:
             app.router.add_route(method, path, self._json_handler(handler))
         return app
@@ -275,8 +275,8 @@ class RapiApp:
     async def _node(self, request: web.Request) -> Any:
         name = request.match_info["name"]
         for view in self.cluster.node_views():
-            if view["name"] == name:
-                return view
+            if view["name"] == name:  # R_2_nodes_name.GET_ALIASES: "sip" also as "secondary_ip"
+                return view | {"secondary_ip": view["sip"]}
         raise HTTPError(404)
 
     async def _instances(self, request: web.Request) -> Any:
@@ -365,6 +365,8 @@ class RapiApp:
             if key in body and not isinstance(body[key], dict):
                 raise invalid("OP_INSTANCE_SET_PARAMS", key)
         params = {"instance_name": request.match_info["name"]} | body
+        if not self._flag(request, "dry-run"):  # R_2_instances_name_modify passes no dry_run
+            params["dry_run"] = None
         return self._submit(request, [("OP_INSTANCE_SET_PARAMS", params)], "instances_name_modify")
 
     def _job_id(self, request: web.Request) -> int:
@@ -386,13 +388,6 @@ class RapiApp:
             return {"id": job_id, "ops": None, "status": None, "summary": None, "opstatus": None,
                     "received_ts": None, "start_ts": None, "end_ts": None, "oplog": None, "opresult": None}  # fmt: skip
         return job.rapi_view()
-
-    async def _query(self, request: web.Request) -> Any:  # rlib2.R_2_query.GET, jobs only
-        if "fields" not in request.query:
-            raise HTTPError(400, "Missing &#x27;fields&#x27; query argument")
-        if request.match_info["resource"] != "job":
-            raise HTTPError(501, "The fake Ganeti answers /2/query/job only")
-        return query_jobs(self.cluster, [name.strip() for name in request.query["fields"].split(",")])
 
     async def _cancel(self, request: web.Request) -> Any:
         success, message = self.cluster.cancel(self._job_id(request))

@@ -155,6 +155,26 @@ async def test_reload_adds_drains_and_removes_backends(tmp_path: Path) -> None:
             assert creates(f1, f2) == 6
 
 
+async def test_a_backend_drained_by_an_operator_takes_no_more_requests(tmp_path: Path) -> None:
+    """`backends drain` (or the console) writes the drain in the database: the dispatcher reads
+    it with the node stats and places nothing more there; undrained, the backend is back."""
+    db_url = sqlite_url(tmp_path)
+    async with fakes(2) as (f1, f2):
+        settings = settings_for(db_url, [backend("f1", f1), backend("f2", f2)])
+        async with Store(db_url) as store, ControlPlane(settings, store=store) as cp:
+            async with running(Dispatcher(settings, store=store, status_server=False)) as d:
+                assert await store.set_backend_drained("f1", True)
+                await eventually(lambda: d.allocator.view("f1").drained, what="f1 seen drained")
+                done = [
+                    await finished(cp, await cp.request_instance(spec(f"d{i}.example"))) for i in range(4)
+                ]
+                assert [(r.status, r.backend) for r in done] == [(RequestStatus.SUCCEEDED, "f2")] * 4
+                assert await store.set_backend_drained("f1", False)
+                await eventually(lambda: not d.allocator.view("f1").drained, what="f1 seen undrained")
+            assert sorted(f2.cluster.instances) == [f"d{i}.example" for i in range(4)]
+            assert not f1.cluster.instances
+
+
 async def test_a_second_dispatcher_on_one_sqlite_database_is_refused(tmp_path: Path) -> None:
     db_url = sqlite_url(tmp_path)
     async with fakes(1) as (f1,):

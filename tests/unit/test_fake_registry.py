@@ -17,7 +17,8 @@ INSTANCE_OPS = {"OP_INSTANCE_CREATE", "OP_INSTANCE_REMOVE", "OP_INSTANCE_STARTUP
 
 def test_every_opcode_the_fake_can_write_has_a_handler() -> None:
     assert set(OPCODES) == set(opcodes.LUXID) == set(opcodes.RESOLVED)
-    assert set(LOCKS) == INSTANCE_OPS  # every instance op declares its LU's locks
+    # every instance op declares its LU's locks (the other ops': test_fake_surface)
+    assert set(LOCKS) >= INSTANCE_OPS
 
 
 def test_an_opcode_has_one_handler() -> None:

@@ -1,0 +1,148 @@
+"""Instance opcodes that move, rename, reinstall or export it (``cmdlib.instance``,
+``instance_migration``, ``backup``): migrate, failover, rename, reinstall, prepare-export, export.
+
+Locks: migrate and failover take the instance, its nodes and their node-res locks, and
+the target's (all nodes with an iallocator); rename the instance; reinstall the instance
+and its nodes; export the instance and every node, shared. A ``diskless`` instance moves
+(Ganeti's ``DTS_EXT_MIRROR``); a ``file`` one cannot; with no other node to go to, the
+iallocator's failure is Ganeti 3.0's. Rename and reinstall want the instance down.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from synnefo_ganeti.testing._cluster import OpFailure
+from synnefo_ganeti.testing._locks import ALL
+from synnefo_ganeti.testing._ops_disks import check_down, instance_locks, instance_of
+from synnefo_ganeti.testing._registry import Needs, opcode
+
+if TYPE_CHECKING:
+    from synnefo_ganeti.testing._engine import FakeCluster
+    from synnefo_ganeti.testing._jobs import FakeJob, FakeOp
+
+__all__: list[str] = []
+
+
+def _move_locks(cluster: FakeCluster, op: FakeOp) -> Needs:
+    target = op.luxid.get("target_node")
+    inst = cluster.instances.get(str(op.luxid.get("instance_name")))
+    if not target:
+        return Needs(instance=str(op.luxid.get("instance_name")), node=ALL, node_res=ALL)
+    nodes = sorted({str(target), *([inst.pnode] if inst else [])} & set(cluster.nodes))
+    return Needs(instance=str(op.luxid.get("instance_name")), node=nodes, node_res=list(nodes))
+
+
+async def _move(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    inst = instance_of(cluster, op)
+    target = op.luxid.get("target_node")
+    if not target and not op.luxid.get("iallocator"):  # CheckArguments: the cluster's default iallocator
+        op.resolve(iallocator=cluster.default_iallocator)
+    cluster.start_running(job, op, instance_uuid=inst.uuid)  # TLMigrateInstance.CheckPrereq checks the rest
+    if inst.disk_template not in ("diskless", "sharedfile", "rbd", "ext", "blockdev", "gluster"):
+        raise OpFailure(
+            "OpPrereqError", f"Instance's disk layout '{inst.disk_template}' does not allow migrations",
+            "wrong_input",
+        )  # fmt: skip
+    if target:
+        if target not in cluster.nodes:
+            raise OpFailure("OpPrereqError", f"Node '{target}' not known", "unknown_entity")
+        if target == inst.pnode:
+            raise OpFailure(
+                "OpPrereqError", f"Instance {inst.name} is already on the node {target}", "wrong_input"
+            )
+    else:
+        others = [
+            n for n in cluster.nodes.values() if n.name != inst.pnode and not n.offline and not n.drained
+        ]
+        if not others:
+            iallocator = op.luxid.get("iallocator") or cluster.default_iallocator
+            raise OpFailure(
+                "OpPrereqError",
+                f"Can't compute nodes using iallocator '{iallocator}': Request failed: Can't find any good node: ",
+                "insufficient_resources",
+            )
+        target = others[0].name
+    op.resolve(target_node=target, target_node_uuid=cluster.nodes[str(target)].uuid)
+    await cluster.work(job, op, [f"Migrating instance {inst.name}"], cluster.op_time(op))
+    if not op.luxid.get("dry_run"):
+        inst.pnode = str(target)
+        inst.touch()
+
+
+@opcode("OP_INSTANCE_MIGRATE", locks=_move_locks)
+async def instance_migrate(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    await _move(cluster, job, op)
+
+
+@opcode("OP_INSTANCE_FAILOVER", locks=_move_locks)
+async def instance_failover(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    await _move(cluster, job, op)
+
+
+def _instance_only(cluster: FakeCluster, op: FakeOp) -> Needs:
+    return Needs(instance=str(op.luxid.get("instance_name")))
+
+
+@opcode("OP_INSTANCE_RENAME", locks=_instance_only)
+async def instance_rename(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    inst = instance_of(cluster, op)
+    new = str(op.luxid.get("new_name"))
+    cluster.start_running(job, op, instance_uuid=inst.uuid)  # holding its locks: CheckPrereq
+    check_down(inst, "cannot rename")
+    if new in cluster.instances:
+        raise OpFailure("OpPrereqError", f"Instance '{new}' is already in the cluster", "already_exists")
+    await cluster.work(job, op, [], cluster.op_time(op))
+    if not op.luxid.get("dry_run"):
+        cluster.instances.pop(inst.name)
+        inst.name = new
+        cluster.instances[new] = inst
+        inst.touch()
+    op.result = new
+
+
+@opcode("OP_INSTANCE_REINSTALL", locks=instance_locks)
+async def instance_reinstall(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    inst = instance_of(cluster, op)
+    os_type = op.luxid.get("os_type")
+    params = {key: op.luxid.get(key) or {} for key in ("osparams", "osparams_private", "osparams_secret")}
+    cluster.start_running(job, op, instance_uuid=inst.uuid, os_type=os_type or inst.os, **params)
+    check_down(inst, "cannot reinstall")
+    if os_type and str(os_type).split("+")[0] not in cluster.oses:
+        raise OpFailure(
+            "OpPrereqError", f"OS '{os_type}' not in supported OS list for node {inst.pnode}", "invalid"
+        )
+    await cluster.work(job, op, [], cluster.op_time(op))
+    if not op.luxid.get("dry_run"):
+        inst.os = str(os_type or inst.os)
+        inst.touch()
+
+
+@opcode("OP_BACKUP_PREPARE", locks=_instance_only)
+async def backup_prepare(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    inst = instance_of(cluster, op)
+    if op.luxid.get("mode") not in ("local", "remote"):
+        raise OpFailure("OpPrereqError", f"Unknown export mode {op.luxid.get('mode')!r}", "wrong_input")
+    cluster.start_running(job, op, instance_uuid=inst.uuid)
+    await cluster.work(job, op, [], cluster.op_time(op))
+
+
+def _export_locks(cluster: FakeCluster, op: FakeOp) -> Needs:
+    return Needs(instance=str(op.luxid.get("instance_name")), node=ALL, shared=True)
+
+
+@opcode("OP_BACKUP_EXPORT", locks=_export_locks)
+async def backup_export(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    inst = instance_of(cluster, op)
+    target = str(op.luxid.get("target_node") or inst.pnode)
+    if target not in cluster.nodes:
+        raise OpFailure("OpPrereqError", f"Node '{target}' not known", "unknown_entity")
+    cluster.start_running(job, op, instance_uuid=inst.uuid, target_node_uuid=cluster.nodes[target].uuid)
+    lines = [f"Shutting down instance {inst.name}", f"Activating disks for {inst.name}"]
+    for i, _ in enumerate(inst.disks):
+        lines += [f"Exporting disk/{i} from {inst.pnode} to {target}", f"disk/{i} finished sending data"]
+    lines += [f"Finalizing export on {target}", f"Deactivating disks for {inst.name}"]
+    await cluster.work(job, op, lines, cluster.op_time(op))
+    if not op.luxid.get("dry_run"):
+        cluster.model.exports[inst.name] = target
+    op.result = [True, [True for _ in inst.disks]]

@@ -1,0 +1,203 @@
+"""Node opcodes (``cmdlib.node``): set params (role, drain, offline, ndparams), powercycle,
+evacuate, migrate, and the storage units; and the cluster's redistribute-config and set-params.
+
+Locks as ``ExpandNames`` asks: the node's lock (exclusive for set-params, shared for a
+storage query); evacuate and migrate lock the node shared and submit one child job per
+instance, their result ``{"jobs": [[true, id], ...]}`` as Ganeti 3.0's. The master's role
+cannot change (``The master role can be changed only via master-failover``), nor can it be
+power-cycled without ``force``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from synnefo_ganeti.testing import _opcodes
+from synnefo_ganeti.testing._cluster import OpFailure, free_capacity
+from synnefo_ganeti.testing._registry import Needs, opcode
+
+if TYPE_CHECKING:
+    from synnefo_ganeti.testing._cluster import FakeNode
+    from synnefo_ganeti.testing._engine import FakeCluster
+    from synnefo_ganeti.testing._jobs import FakeJob, FakeOp
+
+__all__: list[str] = []
+
+_STORAGE_TYPES = ("file", "sharedfile", "lvm-pv", "lvm-vg", "diskless", "gluster", "rados", "ext")
+
+
+def node_of(cluster: FakeCluster, op: FakeOp) -> FakeNode:
+    name = str(op.luxid.get("node_name"))
+    node = cluster.nodes.get(name)
+    if node is None:
+        raise OpFailure("OpPrereqError", f"Node '{name}' not known", "unknown_entity")
+    op.resolve(node_uuid=node.uuid)  # ExpandNames resolved it: a CheckPrereq failure shows it
+    return node
+
+
+def _node_lock(cluster: FakeCluster, op: FakeOp) -> Needs:
+    name = str(op.luxid.get("node_name"))
+    return Needs(node=[name] if name in cluster.nodes else [])
+
+
+def _node_shared(cluster: FakeCluster, op: FakeOp) -> Needs:
+    names = [str(n) for n in op.luxid.get("nodes") or [op.luxid.get("node_name")] if n in cluster.nodes]
+    return Needs(node=names, shared=True)
+
+
+@opcode("OP_NODE_SET_PARAMS", locks=_node_lock)
+async def node_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    p = op.luxid
+    node = node_of(cluster, op)
+    flags = {key: p.get(key) for key in ("master_candidate", "offline", "drained")}
+    if node.master and any(value is not None for value in flags.values()):  # CheckPrereq
+        cluster.start_running(job, op, node_uuid=node.uuid)
+        raise OpFailure(
+            "OpPrereqError", "The master role can be changed only via master-failover", "wrong_input"
+        )
+    if sum(1 for value in flags.values() if value) > 1:
+        raise OpFailure(
+            "OpPrereqError", "Can't set the node into more than one state at the same time", "wrong_input"
+        )
+    if not any(p.get(key) is not None for key in (*flags, "ndparams", "master_capable", "vm_capable",
+                                                   "secondary_ip", "powered", "hv_state", "disk_state")):  # fmt: skip
+        raise OpFailure("OpPrereqError", "Please pass at least one modification", "wrong_input")
+    cluster.start_running(job, op, node_uuid=node.uuid)
+    await cluster.work(job, op, [], cluster.op_time(op))
+    changes: list[list[Any]] = []
+    if p.get("dry_run"):
+        op.result = changes
+        return
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key == "master_candidate":
+            node.candidate = bool(value)
+        else:
+            setattr(node, key, bool(value))
+        if value:  # a node takes one role at a time: the others are cleared
+            for other in flags:
+                if other != key and getattr(node, "candidate" if other == "master_candidate" else other):
+                    setattr(node, "candidate" if other == "master_candidate" else other, False)
+                    changes.append([other, "False"])
+        changes.append([key, str(bool(value))])
+    if p.get("vm_capable") is not None:
+        node.vm_capable = bool(p["vm_capable"])
+        changes.append(["vm_capable", str(node.vm_capable)])
+    node.serial_no += 1
+    op.result = changes
+
+
+@opcode("OP_NODE_POWERCYCLE", locks=_node_lock)
+async def node_powercycle(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    node = node_of(cluster, op)
+    if node.master and not op.luxid.get("force"):
+        raise OpFailure(
+            "OpPrereqError", "The node is the master and the force parameter was not set", "wrong_input"
+        )
+    cluster.start_running(job, op, node_uuid=node.uuid)
+    await cluster.work(job, op, [], cluster.op_time(op))
+    op.result = "Rebooting the fake node"
+
+
+def _children(
+    cluster: FakeCluster, job: FakeJob, node: FakeNode, mode: str | None, op_id: str
+) -> list[list[Any]]:
+    """One job per primary instance of ``node`` (``cmdlib.common.LoadNodeEvacResult``)."""
+    ids = []
+    for inst in sorted(cluster.instances.values(), key=lambda i: i.name):
+        if inst.pnode == node.name:
+            params: dict[str, Any] = {"instance_name": inst.name}
+            if op_id == "OP_INSTANCE_MIGRATE" and mode:
+                params["mode"] = mode
+            ids.append(cluster.submit([(op_id, params)], resource="nodes_name_migrate"))
+    return [[True, job_id] for job_id in ids]
+
+
+@opcode("OP_NODE_MIGRATE", locks=_node_shared)
+async def node_migrate(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    node = node_of(cluster, op)
+    cluster.start_running(job, op, node_uuid=node.uuid)
+    await cluster.work(job, op, [], cluster.op_time(op))
+    mode = op.luxid.get("mode")
+    op.result = {"jobs": _children(cluster, job, node, str(mode) if mode else None, "OP_INSTANCE_MIGRATE")}
+
+
+@opcode("OP_NODE_EVACUATE", locks=_node_shared)
+async def node_evacuate(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    node = node_of(cluster, op)
+    mode = op.luxid.get("mode")
+    if not op.luxid.get("remote_node") and not op.luxid.get("iallocator"):  # CheckArguments: the default one
+        op.resolve(iallocator=cluster.default_iallocator)
+    if mode == "all":
+        raise OpFailure(
+            "OpPrereqError",
+            "Due to an issue with the iallocator interface it is not possible to evacuate all instances at once; "
+            "specify explicitly whether to evacuate primary or secondary instances",
+            "wrong_input",
+        )
+    cluster.start_running(job, op, node_uuid=node.uuid)
+    await cluster.work(job, op, [], cluster.op_time(op))
+    jobs = [] if mode == "secondary-only" else _children(cluster, job, node, None, "OP_INSTANCE_FAILOVER")
+    op.result = {"jobs": jobs}
+
+
+def _storage_type(op: FakeOp) -> str:
+    kind = str(op.luxid.get("storage_type") or "file")
+    if kind not in _STORAGE_TYPES:
+        raise OpFailure("OpPrereqError", f"Unknown storage type: {kind}", "wrong_input")
+    return kind
+
+
+@opcode("OP_NODE_QUERY_STORAGE", locks=_node_shared)
+async def node_query_storage(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    _storage_type(op)
+    fields = [str(f) for f in op.luxid.get("output_fields") or []]
+    names = [str(n) for n in op.luxid.get("nodes") or []]
+    for name in names:
+        if name not in cluster.nodes:
+            raise OpFailure("OpPrereqError", f"Node '{name}' not known", "unknown_entity")
+    cluster.start_running(job, op, node_uuids=[cluster.nodes[n].uuid for n in names])
+    await cluster.work(job, op, [], cluster.op_time(op))
+    rows = []
+    for name in names:
+        node = cluster.nodes[name]
+        _, dfree = free_capacity(node, cluster.instances.values())
+        values = {"name": "/srv/ganeti/file-storage", "node": name, "type": "file", "size": node.dtotal,
+                  "used": node.dtotal - (dfree or 0), "free": dfree or 0, "allocatable": True}  # fmt: skip
+        rows.append([values.get(field) for field in fields])
+    op.result = rows
+
+
+@opcode("OP_NODE_MODIFY_STORAGE", locks=_node_lock)
+async def node_modify_storage(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    node_of(cluster, op)
+    kind = _storage_type(op)
+    raise OpFailure("OpPrereqError", f"Storage units of type '{kind}' can not be modified", "wrong_input")
+
+
+@opcode("OP_REPAIR_NODE_STORAGE", locks=_node_lock)
+async def node_repair_storage(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    node_of(cluster, op)
+    kind = _storage_type(op)
+    raise OpFailure("OpPrereqError", f"Storage units of type '{kind}' can not be repaired", "wrong_input")
+
+
+@opcode("OP_CLUSTER_REDIST_CONF")
+async def cluster_redist_conf(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    cluster.start_running(job, op)
+    await cluster.work(job, op, [], cluster.op_time(op))
+
+
+@opcode("OP_CLUSTER_SET_PARAMS")
+async def cluster_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    cluster.start_running(job, op)
+    await cluster.work(job, op, [], cluster.op_time(op))
+    if op.luxid.get("dry_run"):
+        return
+    defaults = _opcodes.LUXID["OP_CLUSTER_SET_PARAMS"]
+    changes = {key: value for key, value in op.luxid.items()
+               if key not in _opcodes.GENERIC and value is not None and value != defaults.get(key)}  # fmt: skip
+    cluster.model.cluster_params.update(changes)
+    if isinstance(changes.get("max_running_jobs"), int):
+        cluster.max_running_jobs = int(changes["max_running_jobs"])
