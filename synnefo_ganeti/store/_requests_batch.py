@@ -197,7 +197,7 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
             "uuid": new_ids[item.request_id],
             "create_job_id": None,
             "state_time": None,
-            "task": None,
+            "task": task_of(InstanceAction.CREATE.value),  # in progress from now (as one by one)
             "task_job_id": None,
             "last_error": None,
             "updated_at": now,

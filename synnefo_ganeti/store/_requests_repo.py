@@ -29,6 +29,7 @@ from synnefo_ganeti.store._instances import (
     record_job,
 )
 from synnefo_ganeti.store._names import UniqueNames, check_name_free
+from synnefo_ganeti.store._outcomes import task_of
 from synnefo_ganeti.store._requests import Request, RequestStatus
 from synnefo_ganeti.store._requests_batch import (
     AddArgs,
@@ -171,6 +172,12 @@ class Requests:
             ):
                 values = {"status": InstanceStatus.BUILD.value, "owned": True, **instance}
                 instance_id = add_instance_row(conn, backend_id, backend, request.instance, values).id
+                # the create is in progress from now (its job, once sent, is recorded against it)
+                conn.execute(
+                    update(instances_t)
+                    .where(instances_t.c.uuid == instance_id)
+                    .values(task=task_of("create"))
+                )
             else:
                 instance_id = existing.uuid
             # the request points at its own instance row, whatever later lives of its name do
@@ -243,7 +250,12 @@ class Requests:
                         instances_t.c.status == InstanceStatus.BUILD.value,
                         instances_t.c.create_job_id.is_(None),
                     )
-                    .values(status=instance_status.value, updated_at=datetime.now(UTC))
+                    .values(
+                        status=instance_status.value,
+                        task=None,
+                        task_job_id=None,
+                        updated_at=datetime.now(UTC),
+                    )
                 )
             return _requests.finish(conn, request_id, final, error=error, dispatcher=dispatcher)
 

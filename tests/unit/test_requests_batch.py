@@ -57,6 +57,11 @@ async def test_a_burst_is_added_placed_and_submitted_in_batches(db_url: str, bat
         )
         assert all(r.backend == "b1" and r.attempts == 1 and r.instance_id for r in placed)
         assert len({r.instance_id for r in placed}) == 40
+        # placed: the create is in progress (task build) before its job is sent
+        building = await store.list_instances(backend="b1")
+        assert {(i.status, i.task, i.task_job_id) for i in building} == {
+            (InstanceStatus.BUILD, "build", None)
+        }
         submitted = await asyncio.gather(
             *(store.submitted_request(r.id, 100 + i, start=True) for i, r in enumerate(claimed))
         )
@@ -171,3 +176,28 @@ async def test_a_name_back_to_life_and_a_job_ended_before_it_was_recorded(
             return sorted(conn.execute(query).scalars())
 
         assert await store.call_read(lives) == ["BUILD", "DESTROYED"]
+
+
+async def test_placed_alone_the_build_is_in_progress_and_a_refused_create_ends_it(db_url: str) -> None:
+    """One by one (no batch), the same: task build from placement; a create Ganeti refused
+    ends the request and leaves its instance ERROR with nothing in progress."""
+    async with Store(db_url) as store:
+        request = (await add(store, "alone.example.com"))[0]
+        await store.claim_requests("d1", 10)
+        placed = await store.place_request(request.id, "d1", "b1", dict(INSTANCE), unique_names="global")
+        instance = await store.get_instance("b1", "alone.example.com")
+        assert instance is not None and instance.id == placed.instance_id
+        assert (instance.status, instance.task) == (InstanceStatus.BUILD, "build")
+        await store.finish_request(
+            request.id,
+            RequestStatus.FAILED,
+            error="refused",
+            dispatcher="d1",
+            instance_status=InstanceStatus.ERROR,
+        )
+        after = await store.get_instance("b1", "alone.example.com")
+        assert after is not None and (after.status, after.task, after.task_job_id) == (
+            InstanceStatus.ERROR,
+            None,
+            None,
+        )
