@@ -299,7 +299,10 @@ async def test_a_cancel_of_a_placed_request_of_a_dead_dispatcher_asks_ganeti_fir
 
 
 async def test_deleting_a_build_instance_whose_create_is_queued_cancels_the_create(db_url: str) -> None:
-    async with one_backend(db_url, max_running_jobs=1, op_times=SLOW) as (f1, settings, store, cp, _):
+    # the first create holds the only job slot long enough for the second to be canceled while
+    # queued, even on a loaded machine (with 1 s it once started before the cancel came, in CI)
+    queue_holds = {**SLOW, "OP_INSTANCE_CREATE": 10.0}
+    async with one_backend(db_url, max_running_jobs=1, op_times=queue_holds) as (f1, settings, store, cp, _):
         async with running(Dispatcher(settings, store=store, status_server=False)):
             await submitted(cp, await cp.request_instance(spec("first.example")))
             queued = await submitted(cp, await cp.request_instance(spec("doomed.example")))

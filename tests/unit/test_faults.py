@@ -192,10 +192,14 @@ async def test_the_dispatcher_routes_around_a_faulty_backend(case: Case, tmp_pat
                 if case.sent:  # creates whose fate is unknown wait until the backend can be asked
                     s.mend()
 
+                mended_early: list[bool] = []
+
                 async def all_ended() -> bool:
                     # (on a loaded machine a create that met another fault may time out first, its
                     # fate unknown too: it waits, like those, until the backend can be asked)
                     if submissions(faulty, "unknown") > before["unknown"]:
+                        if not mended_early:
+                            mended_early.append(True)
                         s.mend()
                     return all([(await cp.get_request(rid)).is_final for rid in ids])
 
@@ -208,7 +212,8 @@ async def test_the_dispatcher_routes_around_a_faulty_backend(case: Case, tmp_pat
         fakes = [*s.fakes(), other]
         assert [create_jobs(rid, *fakes) for rid in ids] == [1] * REQUESTS  # none lost, none twice
         assert sum(len(fake.cluster.instances) for fake in fakes) == REQUESTS
-        if not case.sent:
+        if not case.sent and not mended_early:
+            # (mended early for a create of unknown fate, the faulty backend may take the rest)
             assert {r.backend for r in done} == {healthy}
             assert not s.fake.cluster.instances
         assert rapi_requests(faulty, failed=True) > before["rapi_failed"]
