@@ -333,7 +333,13 @@ def get_instance_row(conn: Connection, backend_id: int, backend: str, name: str)
 
 
 def add_instance_row(
-    conn: Connection, backend_id: int, backend: str, name: str, values: dict[str, Any]
+    conn: Connection,
+    backend_id: int,
+    backend: str,
+    name: str,
+    values: dict[str, Any],
+    *,
+    task: str | None = None,
 ) -> StoredInstance:
     """A new row: a new life for a name whose row is DESTROYED or ERROR (an ERROR row becomes
     DESTROYED first); :class:`ConflictError` when the name's row is in any other state.
@@ -346,7 +352,7 @@ def add_instance_row(
         "uuid": str(uuid.uuid4()),
         "create_job_id": None,
         "state_time": None,
-        "task": None,
+        "task": task,
         "task_job_id": None,
         "last_error": None,
         "updated_at": now,

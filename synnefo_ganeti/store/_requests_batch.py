@@ -68,16 +68,8 @@ def _requests(conn: Connection, ids: Iterable[str]) -> dict[str, Any]:
     return {row.id: row for row in conn.execute(select_requests().where(requests_t.c.id.in_(list(ids))))}
 
 
-def _held_names(conn: Connection, names: set[str]) -> tuple[set[str], dict[str, set[str]]]:
-    """The names with an instance not DESTROYED (any backend), and the open requests per name."""
-    live = {
-        row.name
-        for row in conn.execute(
-            select(instances_t.c.name).where(
-                instances_t.c.name.in_(names), instances_t.c.status != _DESTROYED
-            )
-        )
-    }
+def _holders(conn: Connection, names: set[str]) -> dict[str, set[str]]:
+    """Name -> the open requests holding it."""
     holders: dict[str, set[str]] = defaultdict(set)
     for row in conn.execute(
         select(requests_t.c.id, requests_t.c.name).where(
@@ -85,7 +77,7 @@ def _held_names(conn: Connection, names: set[str]) -> tuple[set[str], dict[str, 
         )
     ):
         holders[row.name].add(row.id)
-    return live, holders
+    return holders
 
 
 def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
@@ -97,7 +89,16 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
             select(requests_t.c.id).where(requests_t.c.id.in_([i.request_id for i in items]))
         )
     }
-    live, holders = _held_names(conn, {item.name for item in items})
+    names = {item.name for item in items}
+    live = {
+        row.name
+        for row in conn.execute(
+            select(instances_t.c.name).where(
+                instances_t.c.name.in_(names), instances_t.c.status != _DESTROYED
+            )
+        )
+    }
+    holders = _holders(conn, names)
     fast: list[tuple[int, AddArgs]] = []
     taken: set[str] = set()
     for index, item in enumerate(items):
@@ -149,13 +150,7 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
         else:
             key = (found.backend_id, found.name)
             last_destroyed[key] = max(found.id, last_destroyed.get(key, found.id))
-    holders: dict[str, set[str]] = defaultdict(set)  # name -> the open requests holding it
-    for holder in conn.execute(
-        select(requests_t.c.id, requests_t.c.name).where(
-            requests_t.c.name.in_(names), requests_t.c.status.in_(_OPEN)
-        )
-    ):
-        holders[holder.name].add(holder.id)
+    holders = _holders(conn, names)
     fast: list[tuple[int, PlaceArgs, Any]] = []
     taken: set[str] = set()
     for index, item in enumerate(items):

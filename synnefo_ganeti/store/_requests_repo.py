@@ -171,13 +171,11 @@ class Requests:
                 or existing.create_job_id is not None
             ):
                 values = {"status": InstanceStatus.BUILD.value, "owned": True, **instance}
-                instance_id = add_instance_row(conn, backend_id, backend, request.instance, values).id
                 # the create is in progress from now (its job, once sent, is recorded against it)
-                conn.execute(
-                    update(instances_t)
-                    .where(instances_t.c.uuid == instance_id)
-                    .values(task=task_of("create"))
-                )
+                build = task_of(InstanceAction.CREATE.value)
+                instance_id = add_instance_row(
+                    conn, backend_id, backend, request.instance, values, task=build
+                ).id
             else:
                 instance_id = existing.uuid
             # the request points at its own instance row, whatever later lives of its name do

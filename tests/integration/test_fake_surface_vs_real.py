@@ -6,7 +6,6 @@ job (once ended) must have the same keys and value types at every level.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import ssl
@@ -17,6 +16,7 @@ import aiohttp
 import pytest
 
 from synnefo_ganeti.testing import FakeGaneti, structure_diff
+from tests.helpers import eventually
 
 pytestmark = [pytest.mark.ganeti, pytest.mark.timeout(300)]
 
@@ -46,12 +46,15 @@ class Client:
 
     async def job(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         job_id = await self.call(method, path, body)
-        for _ in range(600):
+
+        async def ended() -> dict[str, Any] | None:
             job: dict[str, Any] = await self.call("GET", f"/2/jobs/{job_id}")
-            if job["status"] in ("success", "error", "canceled"):
-                return job
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"job {job_id} ({method} {path}) did not end")
+            return job if job["status"] in ("success", "error", "canceled") else None
+
+        found: dict[str, Any] = await eventually(
+            ended, timeout=60, interval=0.1, what=f"job {job_id} ({method} {path}) to end"
+        )
+        return found
 
 
 async def scenario(client: Client, node: str, inst: str) -> dict[str, Any]:

@@ -289,7 +289,8 @@ async def test_instance_moves_between_nodes(tmp_path) -> None:
         assert fake.cluster.instances[A].pnode == "node1.fake.test"
 
 
-async def test_queries(rapi: Rapi) -> None:
+async def network_with_instance(rapi: Rapi) -> None:
+    """The recording's network ``fxnet`` (10.99.0.0/28), connected, with a NIC of ``A`` on it (ip=pool)."""
     body = {"network_name": "fxnet", "network": "10.99.0.0/28", "gateway": "10.99.0.1",
             "add_reserved_ips": ["10.99.0.5"], "tags": ["fx:net"]}  # fmt: skip
     await rapi.job("network_add", "POST", "/2/networks", body)
@@ -297,6 +298,10 @@ async def test_queries(rapi: Rapi) -> None:
     await rapi.job("network_connect", "PUT", "/2/networks/fxnet/connect", connect)
     add = {"nics": [["add", {"network": "fxnet", "ip": "pool"}]]}
     await rapi.job("instance_modify_nic_network", "PUT", f"/2/instances/{A}/modify", add)
+
+
+async def test_queries(rapi: Rapi) -> None:
+    await network_with_instance(rapi)
     await rapi.job(
         "instance_export", "PUT", f"/2/instances/{B}/export", {"destination": NODE, "mode": "local"}
     )
@@ -325,13 +330,7 @@ async def test_queries(rapi: Rapi) -> None:
 
 
 async def test_an_instance_nic_on_a_network_takes_an_address_from_its_pool(rapi: Rapi) -> None:
-    body = {"network_name": "fxnet", "network": "10.99.0.0/28", "gateway": "10.99.0.1",
-            "add_reserved_ips": ["10.99.0.5"], "tags": ["fx:net"]}  # fmt: skip
-    await rapi.job("network_add", "POST", "/2/networks", body)
-    connect = {"group_name": "default", "network_mode": "bridged", "network_link": "gntbr0"}
-    await rapi.job("network_connect", "PUT", "/2/networks/fxnet/connect", connect)
-    add = {"nics": [["add", {"network": "fxnet", "ip": "pool"}]]}
-    await rapi.job("instance_modify_nic_network", "PUT", f"/2/instances/{A}/modify", add)
+    await network_with_instance(rapi)
     net = await rapi.get("network_with_instance", "/2/networks/fxnet")
     assert (net["inst_list"], net["map"]) == ([A], "XXX..X.........X")
     await rapi.get("instance", f"/2/instances/{A}")
