@@ -96,16 +96,24 @@ class Browser:
         self.driver.get(self.base + path)
 
     def text(self) -> str:
+        """The page's text; read again if a live update or a navigation replaced the body meanwhile."""
+        from selenium.common.exceptions import StaleElementReferenceException
         from selenium.webdriver.common.by import By
 
-        return str(self.driver.find_element(By.TAG_NAME, "body").text)
+        for _ in range(20):
+            try:
+                return str(self.driver.find_element(By.TAG_NAME, "body").text)
+            except StaleElementReferenceException:
+                continue
+        raise AssertionError("the page's body kept being replaced while read")
 
     def until(self, predicate: Callable[[], Any], what: str) -> Any:
+        from selenium.common.exceptions import StaleElementReferenceException
         from selenium.webdriver.support.ui import WebDriverWait
 
-        return WebDriverWait(self.driver, WAIT, poll_frequency=0.05).until(
-            lambda _driver: predicate(), message=f"waiting for {what}"
-        )
+        return WebDriverWait(
+            self.driver, WAIT, poll_frequency=0.05, ignored_exceptions=[StaleElementReferenceException]
+        ).until(lambda _driver: predicate(), message=f"waiting for {what}")
 
     def click(self, css: str) -> None:
         """Click the element; again if a live update replaced it in between."""
