@@ -1,11 +1,14 @@
 """One reconcile cycle over many fake backends: wall time, database statements, drifts found.
 
     python benchmarks/reconcile.py                  # 10 backends x 1,000 instances, 1 s per answer
+    python benchmarks/reconcile.py --backends 50 --instances 2000   # 100,000 instances
     python benchmarks/reconcile.py --backends 3 --instances 50 --latency 0.05 --drift 0.2
 
 Per backend, a fake Ganeti (plain HTTP, in a process of its own) holds ``--instances`` owned
 instances, built as its engine builds a created one, and the database holds the rows the
-facade records for them (one bulk insert per backend). Every RAPI answer takes
+facade records for them with what Ganeti made of them (as the dispatcher's observer records
+it when a create ends: a pass in the steady state; ``--unobserved``: without, the first pass
+after an upgrade, which writes every row), one bulk insert per backend. Every RAPI answer takes
 ``--latency`` seconds (counted from the connection's accept, the fake's own work
 included), so each backend's two bulk GETs take that long. Then ``--drift`` of the
 instances (1%: 10 per backend) are made to differ, spread evenly over the nine drift
@@ -27,11 +30,17 @@ Figures (one JSON object on stdout, progress on stderr): ``cycle_s`` the wall ti
 ``run_once()``; ``serial_estimate_s`` the sum of every backend's own duration (the same
 work one backend after another, overstated: each duration holds its waits for the others);
 ``db_queries`` the SQL statements run during the cycle (``BEGIN`` included); ``gc_s`` the
-garbage collector's share of ``cycle_s``;
+garbage collector's share of ``cycle_s``; ``cycle_cpu_s`` this process's CPU time during the
+cycle (its threads included: against ``cycle_s``, what it waited for); ``bytes_per_instance``
+the bytes of RAPI answers read in the cycle per instance, ``bytes_per_instance_bulk`` the same
+for the two bulk listings the reconciler read before (``GET /2/instances?bulk=1`` and
+``/2/jobs?bulk=1``, read after the cycle from the same fakes); ``peak_rss_mb`` this process's
+peak resident memory (``getrusage``) right after the cycle, its setup included;
 ``drifts_expected`` those injected, ``drifts_found`` those of the report matching one
 (kind, backend, instance), ``drifts_unexpected`` the others. The same cycle is run again
 on ``--backends`` x ``--instances``/10 (``db_queries_small``) and on 2 x ``--instances``
-(``db_queries_2_backends``): the statements grow with backends, not with instances.
+(``db_queries_2_backends``): the statements grow with backends, not with instances; above
+20,000 instances those two are not run (null).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import functools
 import gc
 import os
 import random
+import resource
 import sys
 import tempfile
 import time
@@ -54,6 +64,7 @@ from typing import Any
 import orjson
 
 from _children import stop_children
+from _counters import ByteCounter, GcTimer, QueryCounter
 from _databases import database  # benchmarks/, the script's folder
 
 KINDS = ("stale", "orphan", "operstate", "flavor", "nics", "disks", "tags", "building", "job")
@@ -65,53 +76,6 @@ NODES = 10
 
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-# -- databases ---------------------------------------------------------------------------------------
-
-
-class GcTimer:
-    """Seconds spent in garbage collection while ``timing`` is set (``gc_s``: part of ``cycle_s``)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.timing = False
-        self._started = 0.0
-        gc.callbacks.append(self._on_gc)
-
-    def _on_gc(self, phase: str, _info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._started = time.perf_counter()
-        elif self.timing:
-            self.seconds += time.perf_counter() - self._started
-
-    def close(self) -> None:
-        gc.callbacks.remove(self._on_gc)
-
-
-class QueryCounter:
-    """SQL statements run on the store's engines while ``counting`` is set."""
-
-    def __init__(self, store: Any) -> None:
-        from sqlalchemy import event
-
-        self.count = 0
-        self.counting = False
-        self._engines = [store.engine.sync_engine]
-        if store._sync_engine is not None:
-            self._engines.append(store._sync_engine)
-        for engine in self._engines:
-            event.listen(engine, "before_cursor_execute", self._on_execute)
-
-    def _on_execute(self, *_args: Any) -> None:
-        if self.counting:
-            self.count += 1
-
-    def close(self) -> None:
-        from sqlalchemy import event
-
-        for engine in self._engines:
-            event.remove(engine, "before_cursor_execute", self._on_execute)
 
 
 # -- one backend's fake Ganeti, in its own process ----------------------------------------------------
@@ -153,8 +117,12 @@ def fake_instance(spec: Any, tags: list[str], pnode: str) -> Any:
     )  # fmt: skip
 
 
-def row_for(spec: Any, tags: list[str], status: str, now: float) -> dict[str, Any]:
-    """The row the facade records at create (its create job's success applied; times as epoch)."""
+def row_for(
+    spec: Any, tags: list[str], status: str, now: float, observed: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The row the facade records at create, its create job's success applied (times as epoch),
+    and with ``observed`` what Ganeti made (the dispatcher's observer records it when the
+    create ends, and every reconcile pass after; ``--unobserved``: not yet)."""
     from synnefo_ganeti.reconcile._observe import expectation
 
     return {
@@ -166,7 +134,17 @@ def row_for(spec: Any, tags: list[str], status: str, now: float) -> dict[str, An
         "state_time": None,
         "created_at": now,
         "updated_at": now,
+        **(observed or {}),
     }
+
+
+def observed_of(fake_instance: Any, link: str) -> dict[str, Any]:
+    """What the reconciler records of the fake's instance (from its ``GET /2/instances`` view)."""
+    from synnefo_ganeti.rapi import Instance
+    from synnefo_ganeti.reconcile._observe import observed_values
+    from synnefo_ganeti.testing._cluster import instance_view
+
+    return observed_values(Instance.model_validate(instance_view(fake_instance, link)))
 
 
 async def populate(fake: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -188,7 +166,13 @@ async def populate(fake: Any, args: argparse.Namespace) -> dict[str, Any]:
     for i, instance in enumerate(names):
         spec = specs[instance] = spec_for(instance)
         cluster.instances[instance] = fake_instance(spec, tags, nodes[i % len(nodes)])
-    rows = {instance: row_for(specs[instance], tags, "STARTED", now) for instance in names}
+    rows = {
+        instance: row_for(
+            specs[instance], tags, "STARTED", now,
+            None if args.unobserved else observed_of(cluster.instances[instance], cluster.link),
+        )
+        for instance in names
+    }  # fmt: skip
 
     expected: list[tuple[str, str, str]] = []
     queued: list[Any] = []
@@ -220,7 +204,7 @@ async def populate(fake: Any, args: argparse.Namespace) -> dict[str, Any]:
         elif kind == "building":
             del cluster.instances[instance]
             row = rows[instance]
-            row["status"] = "BUILD"
+            row.update(status="BUILD", memory=None, vcpus=None, pnode=None)
             if offset % 2:  # no create job recorded, not in Ganeti, past the grace
                 row["updated_at"] = row["created_at"] = now - 3600
             else:  # a create that failed: "plain" is not an enabled disk template
@@ -282,7 +266,7 @@ class Fakes:
                 sys.executable, __file__, "--fake-child", "--index", str(index),
                 "--instances", str(self.instances), "--drifts", str(self.drifts),
                 "--first-drift", str(index * self.drifts), "--latency", str(self.args.latency),
-                "--seed", str(self.args.seed),
+                "--seed", str(self.args.seed), *(["--unobserved"] if self.args.unobserved else []),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=256 * 1024 * 1024,
             )  # fmt: skip
             self.processes.append(process)
@@ -291,7 +275,7 @@ class Fakes:
         """Wait until every child has printed its world (then it only waits for requests)."""
         for index, process in enumerate(self.processes):
             assert process.stdout is not None
-            line = await asyncio.wait_for(process.stdout.readline(), 300)
+            line = await asyncio.wait_for(process.stdout.readline(), 900)
             if not line:
                 raise SystemExit(f"fake backend {index} did not start (exit {await process.wait()})")
             self.lines.append(line)  # bytes: no burden to the garbage collector
@@ -372,14 +356,26 @@ async def run_config(fakes: Fakes, args: argparse.Namespace, folder: str) -> dic
 
         gc_timer = GcTimer()
         stack.callback(gc_timer.close)
+        read = ByteCounter()
+        stack.callback(read.close)
 
         progress("running one reconcile cycle")
         gc.collect()  # the setup's garbage is not the cycle's
-        counter.counting = gc_timer.timing = True
-        started = time.perf_counter()
+        counter.counting = gc_timer.timing = read.counting = True
+        started, cpu_started = time.perf_counter(), time.process_time()
         report = await reconciler.run_once()
-        cycle = time.perf_counter() - started
-        counter.counting = gc_timer.timing = False
+        cycle, cycle_cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        counter.counting = gc_timer.timing = read.counting = False
+        peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        cycle_bytes, read.count = read.count, 0
+
+        # what the same cycle read before (issue 15): every backend's two bulk listings
+        progress("reading the bulk listings, for bytes_per_instance_bulk")
+        read.counting = True
+        await asyncio.gather(
+            *(c.list_instances() for c in clients.values()), *(c.list_jobs() for c in clients.values())
+        )
+        read.counting = False
 
         found = {(d.kind.value, d.backend, d.instance or "") for d in report.drifts}
         failed = [b.error for b in report.backends if not b.ok]
@@ -391,6 +387,7 @@ async def run_config(fakes: Fakes, args: argparse.Namespace, folder: str) -> dic
             "backends": backends,
             "instances": backends * instances,
             "cycle_s": round(cycle, 3),
+            "cycle_cpu_s": round(cycle_cpu, 3),
             "serial_estimate_s": round(sum(b.duration for b in report.backends), 3),
             "db_queries": counter.count,
             "drifts_found": len(found & expected),
@@ -398,18 +395,29 @@ async def run_config(fakes: Fakes, args: argparse.Namespace, folder: str) -> dic
             "drifts_unexpected": len(report.drifts) - len(found & expected),
             "backends_failed": len(failed),
             "gc_s": round(gc_timer.seconds, 3),
+            "bytes_per_instance": round(cycle_bytes / (backends * instances), 1),
+            "bytes_per_instance_bulk": round(read.count / (backends * instances), 1),
+            "peak_rss_mb": round(peak_rss_mb, 1),
         }
         progress(f"done: {orjson.dumps(result).decode()}")
         return result
 
 
+#: above this many instances the two statement-count configurations are not run (null): at
+#: 50 x 2,000 they would start 52 more fake processes, too many for a 2-CPU machine to start
+#: in 15 minutes, and the statement counts are the small run's business
+EXTRA_UP_TO = 20_000
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     small_instances = max(1, args.instances // 10)
-    shapes = [
-        (args.backends, args.instances),  # the figures
-        (args.backends, small_instances),  # db_queries_small: a tenth of the instances
-        (min(2, args.backends), args.instances),  # db_queries_2_backends
-    ]
+    shapes = [(args.backends, args.instances)]  # the figures
+    extra = args.backends * args.instances <= EXTRA_UP_TO
+    if extra:
+        shapes += [
+            (args.backends, small_instances),  # db_queries_small: a tenth of the instances
+            (min(2, args.backends), args.instances),  # db_queries_2_backends
+        ]
     # every configuration's fakes start at once (their start is mostly imports), and wait idle
     configs = [
         Fakes(backends, instances, round(instances * args.drift), args) for backends, instances in shapes
@@ -420,7 +428,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         for fakes in configs:  # all idle before any cycle: none takes a core from another's cycle
             await fakes.ready()
         with tempfile.TemporaryDirectory(prefix="sg-bench-reconcile-") as folder:
-            figures, small, two = [await run_config(fakes, args, folder) for fakes in configs]
+            figures, *others = [await run_config(fakes, args, folder) for fakes in configs]
     finally:
         for fakes in configs:
             await fakes.stop()
@@ -429,8 +437,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "db": db,
         "latency_s": args.latency,
         "instances_small": args.backends * small_instances,
-        "db_queries_small": small["db_queries"],
-        "db_queries_2_backends": two["db_queries"],
+        "db_queries_small": others[0]["db_queries"] if extra else None,
+        "db_queries_2_backends": others[1]["db_queries"] if extra else None,
     }
 
 
@@ -444,6 +452,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--db", default="sqlite", help="sqlite (default), postgresql (a scratch database), or a database URL"
     )
     parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    parser.add_argument(
+        "--unobserved", action="store_true",
+        help="rows without what Ganeti made (the first pass after an upgrade: every row is written)",
+    )  # fmt: skip
     parser.add_argument("--fake-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--drifts", type=int, default=0, help=argparse.SUPPRESS)

@@ -11,11 +11,25 @@ dispatcher places each request on a backend, submits it and follows every job to
 Routes (JSON in and out)::
 
     POST   /servers              {"name", "memory", "vcpus", "disk", "os", ["disk_template", "backend",
-                                 "request_id"]}; header Idempotency-Key -> 202 {"request_id", "server"}
+                                 "request_id", "networks"]}; header Idempotency-Key -> 202 {"request_id",
+                                 "server"}; "networks": a NIC on each, its address from the pool
     GET    /servers/{id}         a server by its id, or by the request id while it is not placed
     GET    /servers              ?limit=&after=&backend=&status=&name= -> {"servers", "next"}
     POST   /servers/{id}/action  {"action": "start" | "stop" | "reboot", ["type": "soft"]} -> 202 {"job_id"}
+                                 {"action": "resize", ["memory"], ["vcpus"]}: memory MiB, from the next start
+                                 {"action": "grow_disk", "disk": index, "amount": GiB}
+    GET    /servers/{id}/console -> {"console": {"kind", "host", "port", ...}} (409 unless running)
+    POST   /servers/{id}/nics    {["network"], ["ip"]}: attach a NIC ("ip": "pool" for one of the
+                                 network's addresses) -> 202 {"job_id"}
+    DELETE /servers/{id}/nics/{index}     -> 202 {"job_id"}
+    POST   /servers/{id}/volumes {"size": GiB}: attach a disk -> 202 {"job_id"}
+    DELETE /servers/{id}/volumes/{index}  -> 202 {"job_id"} (stop the server first)
     DELETE /servers/{id}         -> 202 {"job_id"}
+    GET    /backends/{name}      what the backend offers (OSes, disk templates, networks, policy, ...)
+    POST   /networks             {"name", "subnet", ["gateway"], ["mac_prefix"], ["backends"]}: made on
+                                 every backend (or those), answered once it is -> 201 {"network"}
+    GET    /networks             -> {"networks": [{"name", "subnet", "gateway", "status", "backends"}]}
+    DELETE /networks/{name}      -> 204 (409 while a server has a NIC on it)
     GET    /events               ?since=N: server-sent events (Accept: text/event-stream), else a long-poll
 
 Errors are the library's types mapped to statuses (:data:`ERRORS`), with a body
@@ -26,21 +40,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import logging
+import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pydantic
 from aiohttp import web
 
+if not __package__:  # run as a script (python examples/cloud_api.py): its folder's package too
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from examples.cloud_api_events import events
+from examples.cloud_api_http import (
+    CONTROL_PLANE,
+    ERRORS,
+    MAX_PAGE,
+    STOPPING,
+    errors,
+    field,
+    json_body,
+    query_int,
+)
 from synnefo_ganeti import (
-    Change,
     ConflictError,
     ControlPlane,
-    GanetiError,
     InstanceSpec,
     InstanceStatus,
     InvalidError,
@@ -49,27 +75,13 @@ from synnefo_ganeti import (
     RequestStatus,
     Settings,
     StoredInstance,
-    StoreError,
-    TransportError,
-    UnavailableError,
+    StoredNetwork,
 )
 
 __all__ = ["ERRORS", "main", "make_app"]
 
 log = logging.getLogger("cloud_api")
 
-CONTROL_PLANE = web.AppKey("control_plane", ControlPlane)
-STOPPING = web.AppKey("stopping", asyncio.Event)
-
-#: the library's error types as HTTP statuses: the first match wins; any other GanetiError is a 502
-ERRORS: tuple[tuple[type[GanetiError], int], ...] = (
-    (InvalidError, 400),  # ValidationError (a spec no backend takes), ConfigError (an unknown backend), ...
-    (NotFoundError, 404),  # no such server or request
-    (ConflictError, 409),  # a name taken, an idempotency key reused, an action in progress
-    (StoreError, 503),  # the database cannot answer now: try again
-    (UnavailableError, 503),  # Ganeti's queue is full or drained
-    (TransportError, 503),  # Ganeti did not answer
-)
 
 #: what a server's status reads as in the API (OpenStack's words) for each instance status
 SERVER_STATUS = {
@@ -87,9 +99,7 @@ REQUEST_STATUS = {
     RequestStatus.FAILED: "ERROR",
     RequestStatus.CANCELED: "DELETED",
 }
-PAGE, MAX_PAGE = 50, 1000
-KEEPALIVE = 15.0  # seconds between comments on an idle event stream
-LONG_POLL, MAX_LONG_POLL = 25.0, 60.0
+PAGE = 50  # a listing's page unless ?limit= (at most MAX_PAGE)
 #: Idempotency-Key -> request id: the same key always names the same request (scope it per tenant)
 KEY_NAMESPACE = uuid.UUID("5d3a0bd4-8b0e-4f4b-9a51-5b0a7d1f2c11")
 
@@ -138,62 +148,7 @@ def request_json(request: Request) -> dict[str, Any]:
     }
 
 
-def error_response(exc: GanetiError) -> web.Response:
-    status = next((code for kind, code in ERRORS if isinstance(exc, kind)), 502)
-    body: dict[str, Any] = {"error": type(exc).__name__, "message": str(exc)}
-    field = getattr(exc, "field", None)  # a ValidationError names the spec field
-    if field is not None:
-        body["field"] = field
-    return web.json_response(body, status=status)
-
-
-@web.middleware
-async def errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except GanetiError as exc:
-        if not isinstance(exc, InvalidError | NotFoundError | ConflictError):
-            log.warning("%s %s: %r", request.method, request.path, exc)
-        return error_response(exc)
-
-
 # -- reading the request ----------------------------------------------------------------------------
-
-
-async def json_body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError:
-        raise InvalidError("the body is not JSON: send a JSON object") from None
-    if not isinstance(body, dict):
-        raise InvalidError("the body must be a JSON object")
-    return body
-
-
-def field(
-    body: dict[str, Any], name: str, kind: type[Any], default: Any = None, *, required: bool = False
-) -> Any:
-    value = body.get(name, default)
-    if value is None and not required:
-        return None
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise InvalidError(f"{name}: give {'an integer' if kind is int else 'a string'} (got {value!r})")
-    return value
-
-
-def query_int(request: web.Request, name: str, default: int, *, low: int, high: int) -> int:
-    text = request.query.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise InvalidError(f"{name}: give an integer from {low} to {high} (got {text!r})") from None
-    if not low <= value <= high:
-        raise InvalidError(f"{name}: give an integer from {low} to {high} (got {value})")
-    return value
 
 
 def spec_from(body: dict[str, Any]) -> InstanceSpec:
@@ -203,12 +158,16 @@ def spec_from(body: dict[str, Any]) -> InstanceSpec:
     vcpus = field(body, "vcpus", int, 1)
     disk = field(body, "disk", int)  # GiB; none: no disk
     template = field(body, "disk_template", str, "plain" if disk else "diskless")
+    networks = body.get("networks", [])  # a NIC on each, its address from the network's pool
+    if not isinstance(networks, list) or not all(isinstance(name, str) for name in networks):
+        raise InvalidError(f"networks: give a list of network names (got {networks!r})")
     try:
         return InstanceSpec(
             name=name,
             os=field(body, "os", str, required=True),
             disk_template=template,
             disks=[] if disk is None else [{"size": disk * 1024}],
+            nics=[{"network": network, "ip": "pool"} for network in networks] or [{}],
             beparams={"memory": memory, "vcpus": vcpus},
         )
     except pydantic.ValidationError as exc:
@@ -284,17 +243,34 @@ async def list_servers(request: web.Request) -> web.Response:
     return web.json_response({"servers": servers, "next": page[-1].id if len(page) == limit else None})
 
 
-async def server_action(request: web.Request) -> web.Response:
-    cp = request.app[CONTROL_PLANE]
-    body = await json_body(request)
-    action = field(body, "action", str, required=True)
-    instance, create = await find(cp, request.match_info["id"])
+async def placed(cp: ControlPlane, server_id: str) -> StoredInstance:
+    """The instance of a server; a server whose request is not placed yet has none (409)."""
+    instance, create = await find(cp, server_id)
     if instance is None:
         assert create is not None
         raise ConflictError(
             f"server {create.id} has no instance yet (its request is {create.status}): "
             "wait until the server is placed (task build), or delete it"
         )
+    return instance
+
+
+def path_index(request: web.Request) -> int:
+    text = request.match_info["index"]
+    if not text.isdigit():
+        raise InvalidError(f"index: give the NIC's or volume's position, an integer from 0 (got {text!r})")
+    return int(text)
+
+
+async def accepted(cp: ControlPlane, instance: StoredInstance, job_id: int | None) -> web.Response:
+    return web.json_response({"job_id": job_id, "server": await view(cp, instance.id)}, status=202)
+
+
+async def server_action(request: web.Request) -> web.Response:
+    cp = request.app[CONTROL_PLANE]
+    body = await json_body(request)
+    action = field(body, "action", str, required=True)
+    instance = await placed(cp, request.match_info["id"])
     if action == "start":
         job_id = await cp.startup_instance(instance.id)
     elif action == "stop":
@@ -304,9 +280,58 @@ async def server_action(request: web.Request) -> web.Response:
         if kind not in ("soft", "hard", "full"):
             raise InvalidError(f"type: give soft, hard or full (got {kind!r})")
         job_id = await cp.reboot_instance(instance.id, reboot_type=kind)
+    elif action == "resize":
+        job_id = await cp.resize_instance(
+            instance.id, memory=field(body, "memory", int), vcpus=field(body, "vcpus", int)
+        )
+    elif action == "grow_disk":
+        amount = field(body, "amount", int, required=True)  # GiB
+        job_id = await cp.grow_disk(instance.id, disk=field(body, "disk", int, 0), amount=amount * 1024)
     else:
-        raise InvalidError(f"action: give start, stop or reboot (got {action!r})")
-    return web.json_response({"job_id": job_id, "server": await view(cp, instance.id)}, status=202)
+        raise InvalidError(f"action: give start, stop, reboot, resize or grow_disk (got {action!r})")
+    return await accepted(cp, instance, job_id)
+
+
+async def server_console(request: web.Request) -> web.Response:
+    """How to reach the server's console (Ganeti's answer); a server not running is a 409."""
+    cp = request.app[CONTROL_PLANE]
+    instance = await placed(cp, request.match_info["id"])
+    console = await cp.console_instance(instance.id)
+    return web.json_response({"console": console.model_dump(mode="json", exclude_none=True)})
+
+
+async def attach_nic(request: web.Request) -> web.Response:
+    cp = request.app[CONTROL_PLANE]
+    body = await json_body(request)
+    instance = await placed(cp, request.match_info["id"])
+    job_id = await cp.attach_nic(instance.id, network=field(body, "network", str), ip=field(body, "ip", str))
+    return await accepted(cp, instance, job_id)
+
+
+async def detach_nic(request: web.Request) -> web.Response:
+    cp = request.app[CONTROL_PLANE]
+    instance = await placed(cp, request.match_info["id"])
+    return await accepted(cp, instance, await cp.detach_nic(instance.id, index=path_index(request)))
+
+
+async def attach_volume(request: web.Request) -> web.Response:
+    cp = request.app[CONTROL_PLANE]
+    body = await json_body(request)
+    instance = await placed(cp, request.match_info["id"])
+    size = field(body, "size", int, required=True)  # GiB
+    return await accepted(cp, instance, await cp.attach_disk(instance.id, size=size * 1024))
+
+
+async def detach_volume(request: web.Request) -> web.Response:
+    cp = request.app[CONTROL_PLANE]
+    instance = await placed(cp, request.match_info["id"])
+    return await accepted(cp, instance, await cp.detach_disk(instance.id, index=path_index(request)))
+
+
+async def get_backend(request: web.Request) -> web.Response:
+    """What a backend offers: a real API builds its flavors and images from this."""
+    catalog = await request.app[CONTROL_PLANE].catalog(request.match_info["name"])
+    return web.json_response(catalog.to_json())
 
 
 async def delete_server(request: web.Request) -> web.Response:
@@ -324,82 +349,46 @@ async def delete_server(request: web.Request) -> web.Response:
 # -- the change feed --------------------------------------------------------------------------------
 
 
-def since_of(request: web.Request) -> int | None:
-    """``?since=N`` (or an event stream's ``Last-Event-ID`` on reconnect); None: from now on."""
-    text = request.query.get("since") or request.headers.get("Last-Event-ID")
-    if text is None:
-        return None
-    if not text.isdigit():
-        raise InvalidError(f"since: give the id of the last change you have, an integer (got {text!r})")
-    return int(text)
+def network_json(network: StoredNetwork) -> dict[str, Any]:
+    return {
+        "name": network.name,
+        "subnet": network.subnet,
+        "gateway": network.gateway,
+        "status": network.status.value,
+        "backends": {
+            name: {"state": on.state.value, "groups": on.groups, "error": on.error}
+            for name, on in network.backends.items()
+        },
+    }
 
 
-async def events(request: web.Request) -> web.StreamResponse:
-    if "text/event-stream" in request.headers.get("Accept", ""):
-        return await stream_events(request, since_of(request))
-    return await poll_events(request, since_of(request))
-
-
-async def poll_events(request: web.Request, since: int | None) -> web.Response:
-    """A long-poll: the changes after ``since`` as soon as there is one, or none after ``timeout``;
-    ``last`` is the ``since`` of the next call."""
+async def create_network(request: web.Request) -> web.Response:
+    """The network on every backend (or ``backends``), answered once Ganeti made it everywhere."""
     cp = request.app[CONTROL_PLANE]
-    limit = query_int(request, "limit", 100, low=1, high=MAX_PAGE)
-    timeout = query_int(request, "timeout", int(LONG_POLL), low=0, high=int(MAX_LONG_POLL))
-    after = await cp.store.last_change_id() if since is None else since
-    changes = await cp.store.list_changes(after=after, limit=limit)
-    if not changes and timeout:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout), contextlib.aclosing(cp.changes(after)) as feed:
-                async for _ in feed:
-                    break
-        changes = await cp.store.list_changes(after=after, limit=limit)
-    last = changes[-1].id if changes else after
-    return web.json_response({"changes": [change.to_json() for change in changes], "last": last})
+    body = await json_body(request)
+    backends = body.get("backends")
+    if backends is not None and (
+        not isinstance(backends, list) or not all(isinstance(name, str) for name in backends)
+    ):
+        raise InvalidError(f"backends: give a list of backend names (got {backends!r})")
+    network = await cp.create_network(
+        field(body, "name", str, required=True),
+        subnet=field(body, "subnet", str, required=True),
+        gateway=field(body, "gateway", str),
+        mac_prefix=field(body, "mac_prefix", str),
+        backends=backends,
+    )
+    return web.json_response({"network": network_json(network)}, status=201)
 
 
-def sse(change: Change) -> bytes:
-    return f"id: {change.id}\nevent: {change.kind}\ndata: {json.dumps(change.to_json())}\n\n".encode()
+async def list_networks(request: web.Request) -> web.Response:
+    networks = await request.app[CONTROL_PLANE].list_networks()
+    return web.json_response({"networks": [network_json(network) for network in networks]})
 
 
-async def stream_events(request: web.Request, since: int | None) -> web.StreamResponse:
-    """Server-sent events, one per change, until the client leaves or the app stops."""
-    cp, stopping = request.app[CONTROL_PLANE], request.app[STOPPING]
-    queue: asyncio.Queue[Change | None] = asyncio.Queue(maxsize=1000)
-
-    async def pump() -> None:
-        try:
-            async with contextlib.aclosing(cp.changes(since)) as feed:
-                async for change in feed:
-                    await queue.put(change)
-        except GanetiError as exc:
-            log.warning("event stream: %r", exc)
-            await queue.put(None)  # the stream ends; the client reconnects with Last-Event-ID
-
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    await response.write(b": connected\n\n")
-    feeding = asyncio.create_task(pump(), name="event stream feed")
-    stopped = asyncio.create_task(stopping.wait(), name="event stream stop")
-    try:
-        while not stopping.is_set():
-            get = asyncio.create_task(queue.get())
-            await asyncio.wait({get, stopped}, timeout=KEEPALIVE, return_when=asyncio.FIRST_COMPLETED)
-            if not get.done():
-                get.cancel()
-                await response.write(b": keep-alive\n\n")
-                continue
-            change = get.result()
-            if change is None:
-                break
-            await response.write(sse(change))
-    except ConnectionResetError:
-        pass  # the client left
-    finally:
-        for task in (feeding, stopped):
-            task.cancel()
-        await asyncio.gather(feeding, stopped, return_exceptions=True)
-    return response
+async def delete_network(request: web.Request) -> web.Response:
+    await request.app[CONTROL_PLANE].delete_network(request.match_info["name"])  # 409 while in use
+    return web.Response(status=204)
 
 
 # -- the app ----------------------------------------------------------------------------------------
@@ -425,6 +414,15 @@ def make_app(settings: Settings) -> web.Application:
     app.router.add_get("/servers/{id}", get_server)
     app.router.add_post("/servers/{id}/action", server_action)
     app.router.add_delete("/servers/{id}", delete_server)
+    app.router.add_get("/servers/{id}/console", server_console)
+    app.router.add_post("/servers/{id}/nics", attach_nic)
+    app.router.add_delete("/servers/{id}/nics/{index}", detach_nic)
+    app.router.add_post("/servers/{id}/volumes", attach_volume)
+    app.router.add_delete("/servers/{id}/volumes/{index}", detach_volume)
+    app.router.add_get("/backends/{name}", get_backend)
+    app.router.add_post("/networks", create_network)
+    app.router.add_get("/networks", list_networks)
+    app.router.add_delete("/networks/{name}", delete_network)
     app.router.add_get("/events", events)
     return app
 

@@ -6,6 +6,7 @@ The public face of the package; everything here is a stable name.
 from __future__ import annotations
 
 from synnefo_ganeti._version import __version__
+from synnefo_ganeti.allocate import BackendCatalog
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.errors import (
@@ -39,6 +40,7 @@ from synnefo_ganeti.rapi import (
     ClusterInfo,
     CreateProgress,
     Instance,
+    InstanceConsole,
     InstanceSpec,
     Job,
     JobFailure,
@@ -49,11 +51,20 @@ from synnefo_ganeti.rapi import (
     RetryPolicy,
     Timestamp,
 )
-from synnefo_ganeti.store import Change, InstanceStatus, Request, RequestStatus, StoredInstance
+from synnefo_ganeti.store import (
+    Change,
+    InstanceStatus,
+    NetworkState,
+    Request,
+    RequestStatus,
+    StoredInstance,
+    StoredNetwork,
+)
 
 __all__ = [
     "FINAL_STATUSES",
     "AuthenticationError",
+    "BackendCatalog",
     "BadRequestError",
     "CancelResult",
     "Change",
@@ -65,6 +76,7 @@ __all__ = [
     "CreateProgress",
     "GanetiError",
     "Instance",
+    "InstanceConsole",
     "InstanceSpec",
     "InstanceStatus",
     "InvalidError",
@@ -75,6 +87,7 @@ __all__ = [
     "JobNotFoundError",
     "JobStatus",
     "LogEntry",
+    "NetworkState",
     "NoCapacityError",
     "Node",
     "NotFoundError",
@@ -92,6 +105,7 @@ __all__ = [
     "Settings",
     "StoreError",
     "StoredInstance",
+    "StoredNetwork",
     "TLSError",
     "Timestamp",
     "TransportError",

@@ -11,16 +11,32 @@ from synnefo_ganeti.allocate._nodes import (
     chooses_nodes,
     placed_spec,
 )
+from synnefo_ganeti.allocate._offers import (
+    BackendCatalog,
+    GroupOffer,
+    InstancePolicy,
+    NetworkLink,
+    NetworkOffer,
+    NodeStats,
+    OsOffer,
+)
 from synnefo_ganeti.allocate._placement import Allocator, NoCapacityError, Strategy
 from synnefo_ganeti.allocate._views import BackendView, Pending, Requirement, Reservation
 
 __all__ = [
     "MIRRORED_TEMPLATES",
     "Allocator",
+    "BackendCatalog",
     "BackendView",
     "Catalog",
+    "GroupOffer",
+    "InstancePolicy",
+    "NetworkLink",
+    "NetworkOffer",
     "NoCapacityError",
     "NodeLoad",
+    "NodeStats",
+    "OsOffer",
     "Pending",
     "Requirement",
     "Reservation",

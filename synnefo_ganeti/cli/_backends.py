@@ -1,4 +1,4 @@
-"""``synnefo-ganeti backends list|events|drain|undrain``: the configured Ganeti backends."""
+"""``synnefo-ganeti backends list|show|events|drain|undrain``: the configured Ganeti backends."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import click
 from rich.table import Table
 
 from synnefo_ganeti._serial import iso
+from synnefo_ganeti.allocate import BackendCatalog
 from synnefo_ganeti.cli._main import main
 from synnefo_ganeti.cli._options import (
     config_option,
@@ -24,6 +25,7 @@ from synnefo_ganeti.cli._options import (
 )
 from synnefo_ganeti.cli._output import empty, fail, print_json, run, stdout
 from synnefo_ganeti.config import BackendSettings, Settings
+from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.store import Store
 
@@ -143,6 +145,125 @@ def _health_text(row: dict[str, Any]) -> str:
     at = datetime.fromisoformat(row["health_at"]).strftime("%Y-%m-%d %H:%M:%S")
     detail = f": {row['health_detail']}" if row["health_detail"] and health != "up" else ""
     return f"{health}{detail} (checked {at})"
+
+
+async def _show(settings: Settings, name: str) -> dict[str, Any]:
+    """The backend's row for ``show``: health and drained from the database (when it can tell),
+    the catalog read now (its error, if it could not be read)."""
+    backend = settings.backend(name)  # ConfigError (exit 2) for a name the config does not define
+    timeout = settings.reconcile_timeout(backend)
+    row: dict[str, Any] = {
+        "name": name, "url": backend.url, "drained": backend.drained, "reachable": False, "error": None,
+        "health": "unknown", "health_at": None, "health_detail": None, "catalog": None,
+    }  # fmt: skip
+    try:
+        store = Store(existing(settings.database.url), create=False)
+        await store.open()
+    except GanetiError:
+        store = Store("sqlite://")  # no database to tell health and drain: the catalog alone
+        await store.open()
+    try:
+        state = (await store.backend_states()).get(name, {})
+        row["drained"] = row["drained"] or bool(state.get("drained"))
+        row.update(
+            health=state.get("health") or "unknown",
+            health_at=iso(state.get("health_at")),
+            health_detail=state.get("health_detail"),
+        )
+        async with (
+            backend.rapi_client(timeout=timeout) as client,
+            ControlPlane(settings, store=store, clients={name: client}) as cp,
+        ):
+            async with asyncio.timeout(timeout):
+                row["catalog"] = await cp.catalog(name)
+        row["reachable"] = True
+    except TimeoutError:
+        row["error"] = f"backend {name}: no answer within {timeout:g} s (timeout)"
+    except (GanetiError, OSError) as exc:
+        row["error"] = f"backend {name}: {exc}"
+    finally:
+        await store.close()
+    return row
+
+
+@backends.command("show")
+@click.argument("name")
+@config_option
+@json_option
+def backends_show(name: str, config_file: Path, as_json: bool) -> None:
+    """One backend: its health and drain, its nodes, and what it offers (OSes with variants,
+    disk templates, instance policy, node groups, networks), read now.
+
+    Exit status 1 when the backend cannot be reached.
+    """
+    settings = load_settings(config_file)
+    row = run(_show(settings, name))
+    catalog: BackendCatalog | None = row["catalog"]
+    if as_json:
+        print_json({**row, "catalog": None if catalog is None else catalog.to_json()})
+    else:
+        _print_show(row, catalog)
+    if catalog is None:
+        raise SystemExit(1)
+
+
+def _print_show(row: dict[str, Any], catalog: BackendCatalog | None) -> None:
+    out = stdout()
+    drained = "yes" if row["drained"] else "no"
+    out.print(f"backend {row['name']} ({row['url']}): drained {drained}, health {_health_text(row)}")
+    if catalog is None:
+        out.print(f"not reachable: {row['error']}")
+        return
+    out.print(
+        f"cluster {catalog.cluster}, read {catalog.read_at:%Y-%m-%d %H:%M:%S}: "
+        f"{catalog.memory_free} MiB memory and {catalog.disk_free} MiB disk free on usable nodes"
+    )
+    nodes = Table("node", "group", "state", "mem free/total MiB", "disk free/total MiB", "cpus", "instances")
+    for node in catalog.nodes:
+        state = (
+            "offline"
+            if node.offline
+            else "drained"
+            if node.drained
+            else "ok"
+            if node.vm_capable
+            else "no VMs"
+        )
+        nodes.add_row(
+            node.name, node.group or "", state, f"{_num(node.memory_free)}/{_num(node.memory_total)}",
+            f"{_num(node.disk_free)}/{_num(node.disk_total)}", _num(node.cpus), _num(node.instances),
+        )  # fmt: skip
+    out.print(nodes)
+    oses = "any (the backend does not list them)" if catalog.oses is None else ", ".join(
+        f"{os.name} ({', '.join(os.variants)})" if os.variants else os.name for os in catalog.oses
+    )  # fmt: skip
+    out.print(f"OSes: {oses or 'none'}")
+    out.print(f"disk templates: {', '.join(catalog.disk_templates) or 'none'}")
+    policy = Table("instance policy", "min", "max", "std")
+    std = catalog.policy.std or {}
+    for index, pair in enumerate(catalog.policy.minmax):
+        for key in sorted(set(pair["min"]) | set(pair["max"])):
+            label = key if len(catalog.policy.minmax) == 1 else f"{key} (pair {index})"
+            policy.add_row(label, _num(pair["min"].get(key)), _num(pair["max"].get(key)), _num(std.get(key)))
+    out.print(policy)
+    groups = Table("node group", "alloc policy", "nodes", "networks")
+    for group in catalog.groups:
+        groups.add_row(
+            group.name, group.alloc_policy or "", ", ".join(group.nodes), ", ".join(group.networks)
+        )
+    out.print(groups)
+    if not catalog.networks:
+        empty("no networks")
+        return
+    networks = Table("network", "subnet", "gateway", "free addresses", "groups (mode, link)")
+    for net in catalog.networks:
+        links = ", ".join(f"{link.group} ({link.mode}, {link.link})" for link in net.groups)
+        networks.add_row(net.name, net.subnet or "", net.gateway or "", _num(net.free_count), links)
+    out.print(networks)
+
+
+def _num(value: int | float | None) -> str:
+    return "" if value is None else str(value)
 
 
 @backends.command("events")

@@ -11,7 +11,7 @@ from rich.table import Table
 from synnefo_ganeti.cli._main import main
 from synnefo_ganeti.cli._options import config_option, json_option, load_settings
 from synnefo_ganeti.cli._output import print_json, run, stdout, styled
-from synnefo_ganeti.reconcile import Fix, Reconciler, Report
+from synnefo_ganeti.reconcile import NETWORK_FIXES, Fix, NetworkDriftKind, Reconciler, Report
 
 __all__ = ["reconcile"]
 
@@ -28,23 +28,37 @@ _FIX_FLAGS = {
 }
 
 
+_NETWORK_FLAGS = {
+    NetworkDriftKind.STALE: "Make again in Ganeti the networks the database holds and Ganeti lost.",
+    NetworkDriftKind.OUT_OF_SYNC: "Set Ganeti's network to what the database holds (gateway, MAC prefix).",
+    NetworkDriftKind.NOT_CONNECTED: "Connect networks to the node groups they should be connected to.",
+    NetworkDriftKind.PENDING: "Finish networks whose create (or delete) stopped half-way.",
+    NetworkDriftKind.ADDRESS_UNRESERVED: "Reserve in Ganeti's pool the addresses stored instances use.",
+}
+assert set(_NETWORK_FLAGS) == NETWORK_FIXES
+
+
+def _flag(kind: str) -> str:
+    return "fix_" + kind.replace("-", "_")
+
+
 def _fix_options(func: Any) -> Any:
-    for fix in reversed(list(_FIX_FLAGS)):
-        func = click.option(f"--fix-{fix.value}", f"fix_{fix.value}", is_flag=True, help=_FIX_FLAGS[fix])(
-            func
-        )
+    flags = [(fix.value, help) for fix, help in _FIX_FLAGS.items()]
+    flags += [(kind.value.replace("_", "-"), help) for kind, help in _NETWORK_FLAGS.items()]
+    for name, help in reversed(flags):
+        func = click.option(f"--fix-{name}", _flag(name), is_flag=True, help=help)(func)
     return func
 
 
 @main.command()
 @config_option
 @click.option("--backend", "backends", multiple=True, metavar="NAME", help="Only this backend (repeat).")
-@click.option("--fix-all", is_flag=True, help="Every database-side fix below.")
+@click.option("--fix-all", is_flag=True, help="Every fix below (not --delete-orphans).")
 @_fix_options
 @click.option(
     "--delete-orphans",
     is_flag=True,
-    help="Delete from Ganeti the instances that are ours but not in the database.",
+    help="Delete from Ganeti the instances (and networks) that are ours but not in the database.",
 )
 @json_option
 def reconcile(
@@ -61,12 +75,18 @@ def reconcile(
     be checked (or bad settings).
     """
     settings = load_settings(config_file)
-    fixes = set(Fix) if fix_all else {fix for fix in Fix if fix_flags.get(f"fix_{fix.value}")}
+    fixes = set(Fix) if fix_all else {fix for fix in Fix if fix_flags.get(_flag(fix.value))}
+    network_fixes = (
+        set(NETWORK_FIXES) if fix_all else {k for k in NETWORK_FIXES if fix_flags.get(_flag(k.value))}
+    )
 
     async def go() -> Report:
         async with Reconciler(settings) as reconciler:
             return await reconciler.run_once(
-                backends=backends or None, fixes=fixes, delete_orphans=delete_orphans
+                backends=backends or None,
+                fixes=fixes,
+                delete_orphans=delete_orphans,
+                network_fixes=network_fixes,
             )
 
     try:
@@ -89,8 +109,12 @@ def _print_report(report: Report) -> None:
         if not backend.ok:
             console.print(styled((f"{backend.name}: not checked", "bold red"), f" {backend.error}"))
             continue
-        if not backend.drifts:
+        if not backend.drifts and not backend.networks:
             console.print(styled((f"{backend.name}: clean", "green"), f" ({backend.duration:.2f} s)"))
+            continue
+        if backend.networks:
+            _print_networks(console, backend)
+        if not backend.drifts:
             continue
         fixed = sum(drift.fixed for drift in backend.drifts)
         table = Table(
@@ -105,3 +129,19 @@ def _print_report(report: Report) -> None:
             fixed_text = "yes" if drift.fixed else (f"no: {drift.error}" if drift.error else "no")
             table.add_row(drift.kind.value, drift.instance or "", drift.detail, fixed_text)
         console.print(table)
+
+
+def _print_networks(console: Any, backend: Any) -> None:
+    fixed = sum(drift.fixed for drift in backend.networks)
+    table = Table(
+        "kind",
+        "network",
+        "detail",
+        "fixed",
+        title=f"{backend.name}: {len(backend.networks)} network drifts, {fixed} fixed",
+        title_justify="left",
+    )
+    for drift in backend.networks:
+        fixed_text = "yes" if drift.fixed else (f"no: {drift.error}" if drift.error else "no")
+        table.add_row(drift.kind.value, drift.network, drift.detail, fixed_text)
+    console.print(table)

@@ -1,6 +1,7 @@
 """Actions on an instance with outcomes: one at a time, each followed to ``task`` and ``last_error``.
 
-An action (start, stop, reboot, modify, delete) runs in three steps (see
+An action (start, stop, reboot, modify, delete, and the operations of
+:mod:`synnefo_ganeti.control._operations`) runs in three steps (see
 :mod:`synnefo_ganeti.store._tasks`): the instance's task is reserved in a writer
 transaction (a task in progress is a :class:`ConflictError`, raised before anything is
 sent to Ganeti), the job is submitted, and the job is recorded (``task_job_id``); its
@@ -25,6 +26,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from sqlalchemy import Connection
+
 from synnefo_ganeti.errors import RapiError, RapiNotFoundError
 from synnefo_ganeti.rapi import RapiClient
 from synnefo_ganeti.store import InstanceAction, InstanceStatus, Store
@@ -37,9 +40,20 @@ log = logging.getLogger("synnefo_ganeti.control")
 Submit = Callable[[RapiClient], Awaitable[int]]
 
 
-async def _reserve(store: Store, backend: str, name: str, action: InstanceAction) -> Reservation:
+Precheck = Callable[[Connection], None]
+
+
+async def _reserve(
+    store: Store, backend: str, name: str, action: InstanceAction, precheck: Precheck | None = None
+) -> Reservation:
     backend_id = await store.ensure_backend(backend)
-    return await store.call(lambda conn: reserve_task(conn, backend_id, backend, name, action))
+
+    def reserve(conn: Connection) -> Reservation:
+        if precheck is not None:
+            precheck(conn)  # in the reservation's transaction: a rename's new name free (store/_names.py)
+        return reserve_task(conn, backend_id, backend, name, action)
+
+    return await store.call(reserve)
 
 
 async def _release(
@@ -60,13 +74,14 @@ async def _submit_reserved(
     action: InstanceAction,
     call: Submit,
     params: dict[str, Any] | None,
+    start: bool | None = None,
 ) -> int:
     try:
         job_id = await call(client)
     except BaseException as exc:
         await _release(store, backend, name, action, exc)
         raise
-    await store.record_instance_job(backend, name, job_id, action, params=params)
+    await store.record_instance_job(backend, name, job_id, action, params=params, start=start)
     return job_id
 
 
@@ -79,15 +94,19 @@ async def run_action(
     call: Submit,
     *,
     params: dict[str, Any] | None = None,
+    start: bool | None = None,
+    precheck: Precheck | None = None,
 ) -> int:
     """Reserve, submit and record ``action`` on instance ``name``; returns the job id.
 
     :class:`NotFoundError` for an instance the database lacks (or holds DESTROYED),
-    :class:`ConflictError` while another action is in progress on it."""
-    reservation = await _reserve(store, backend, name, action)
+    :class:`ConflictError` while another action is in progress on it. ``params`` and
+    ``start`` are recorded with the job (what its end changes, store/_outcomes.py);
+    ``precheck`` runs in the reservation's transaction and may refuse (a name taken)."""
+    reservation = await _reserve(store, backend, name, action, precheck)
     if reservation.job_id is not None:
         return reservation.job_id
-    return await _submit_reserved(store, client, backend, name, action, call, params)
+    return await _submit_reserved(store, client, backend, name, action, call, params, start)
 
 
 async def delete(store: Store, client: RapiClient, backend: str, name: str) -> int | None:

@@ -9,7 +9,10 @@ and records the job before it returns:
   added, then records the job id. A create Ganeti refused leaves the row in ERROR; a
   create whose fate is unknown leaves it in BUILD for the reconciler to settle.
 * ``startup_instance``, ``shutdown_instance``, ``reboot_instance``, ``delete_instance``
-  and ``modify_instance`` submit the job and record it against the instance.
+  and ``modify_instance`` submit the job and record it against the instance; so do the
+  operations of :class:`~synnefo_ganeti.control._operations.InstanceOperations` (console,
+  resize, grow a disk, attach and detach NICs and disks, rename, reinstall, migrate,
+  failover, tags) and ``catalog(backend)`` tells what a backend offers.
 
 The instance's state then follows the jobs' ends as the watcher (or the reconciler)
 stores them; a job whose end was stored before it was recorded is applied on record.
@@ -37,6 +40,8 @@ from synnefo_ganeti._backends import BackendResources
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.control._actions import delete, run_action, submit_refused
 from synnefo_ganeti.control._lookup import find_instance, resolve_instance
+from synnefo_ganeti.control._networks import NetworkMethods
+from synnefo_ganeti.control._operations import InstanceOperations
 from synnefo_ganeti.control._validate import SpecChecker
 from synnefo_ganeti.errors import (
     ConfigError,
@@ -65,7 +70,10 @@ __all__ = ["ControlPlane"]
 log = logging.getLogger("synnefo_ganeti.control")
 
 
-class ControlPlane:
+class ControlPlane(
+    InstanceOperations,  # console, resize, NICs and disks, rename, reinstall, moves, tags, catalog
+    NetworkMethods,  # create_network, delete_network, get_network, list_networks (control/_networks.py)
+):
     """One control plane over the backends of ``settings``.
 
     ``store`` and ``clients`` (name -> open :class:`RapiClient`) may be given; what the

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti.errors import ConfigError, RapiError
 from synnefo_ganeti.rapi._base import RapiBase, choice, query_args
 from synnefo_ganeti.rapi._calls import QUERY_RESOURCES
@@ -43,6 +44,43 @@ class QueryApi(RapiBase):
             body["filter"] = qfilter
         answer = await self._read("PUT", path, body, query_args(reason=reason))
         return self._parse(QueryResult, answer, f"PUT {path}")
+
+    async def query_rows(
+        self,
+        what: str,
+        fields: Sequence[str],
+        *,
+        qfilter: list[Any] | None = None,
+        reason: str | None = None,
+    ) -> list[list[Any]]:
+        """:meth:`query` without models: each item's values in the order of ``fields``.
+
+        A value Ganeti could not give (status other than ``RS_NORMAL``) is ``None``. For
+        listings of many items (the reconciler reads 100,000 instances a pass): a model per
+        cell costs more than the answer's decoding; here the shape is checked, not each value.
+        """
+        path = self._query_path(what)
+        body: dict[str, Any] = {"fields": _fields(fields, "query_rows")}
+        if qfilter is not None:
+            body["qfilter"] = qfilter
+            body["filter"] = qfilter
+        answer = await self._read("PUT", path, body, query_args(reason=reason))
+        data = answer.get("data") if isinstance(answer, dict) else None
+        width = len(body["fields"])
+        rows: list[list[Any]] | None = None
+        if isinstance(data, list):
+            with gc_paused():
+                try:
+                    rows = [[value if status == 0 else None for status, value in row] for row in data]
+                except (TypeError, ValueError):
+                    rows = None
+        if rows is None or any(len(row) != width for row in rows):
+            raise RapiError(
+                f"{self.where}: PUT {path} answered data of an unexpected shape (not {width} "
+                "[status, value] cells per item); report this with the Ganeti version",
+                url=self.url,
+            )
+        return rows
 
     async def query_fields(
         self, what: str, fields: Sequence[str] | None = None, *, reason: str | None = None

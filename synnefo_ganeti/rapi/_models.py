@@ -180,6 +180,8 @@ class Instance(_Payload):
     nic_modes: list[str | None] = Field(default_factory=list, alias="nic.modes")
     nic_links: list[str | None] = Field(default_factory=list, alias="nic.links")
     nic_networks: list[str | None] = Field(default_factory=list, alias="nic.networks")
+    #: the networks' names (``nic.networks`` holds their UUIDs)
+    nic_network_names: list[str | None] = Field(default_factory=list, alias="nic.networks.names")
     disk_sizes: list[int] = Field(default_factory=list, alias="disk.sizes")
     disk_uuids: list[str | None] = Field(default_factory=list, alias="disk.uuids")
     disk_usage: int | None = None

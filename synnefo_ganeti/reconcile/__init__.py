@@ -2,11 +2,14 @@
 
 :func:`plan` is pure (two snapshots in, a list of :class:`Drift` out); :func:`apply`
 does the fixes it is asked for; :class:`Reconciler` runs both over every backend at
-once (``run_once``) or forever (``run_forever``, the daemon).
+once (``run_once``) or forever (``run_forever``, the daemon), with the network and address
+drifts of each backend (:class:`NetworkDrift`, ``reconcile/_networks.py``).
 """
 
 from __future__ import annotations
 
+from synnefo_ganeti.reconcile._networks import FIXABLE as NETWORK_FIXES
+from synnefo_ganeti.reconcile._networks import NetworkDrift, NetworkDriftKind
 from synnefo_ganeti.reconcile._plan import (
     BUILD_GRACE,
     DbSnapshot,
@@ -29,12 +32,15 @@ from synnefo_ganeti.reconcile._reconciler import (
 
 __all__ = [
     "BUILD_GRACE",
+    "NETWORK_FIXES",
     "BackendReport",
     "DbSnapshot",
     "Drift",
     "DriftKind",
     "Fix",
     "GanetiSnapshot",
+    "NetworkDrift",
+    "NetworkDriftKind",
     "Reconciler",
     "Report",
     "apply",

@@ -1,22 +1,31 @@
 """What the control plane expects of an instance, what Ganeti reports, and how they differ.
 
 Pure functions shared by the facade (which records the expectation from the spec at
-create) and the reconciler (which compares it with ``/2/instances?bulk=1``). Only what
-the expectation names is compared: an instance created with ``beparams={"memory": 512}``
-is checked for its memory, not for Ganeti's defaults of everything else.
+create) and the reconciler (which compares it with the fields of ``/2/query/instance``,
+see :mod:`._fetch`). Only what the expectation names is compared: an instance created with
+``beparams={"memory": 512}`` is checked for its memory, not for Ganeti's defaults of
+everything else.
+
+They read Ganeti's side through :class:`InstanceView` (what :class:`~synnefo_ganeti.rapi.Instance`
+and the reconciler's :class:`~._fetch.QueriedInstance` both offer) and the database's through
+:class:`RowView` (:class:`~synnefo_ganeti.store.StoredInstance`, :class:`~._fetch.SnapshotRow`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol
 
-from synnefo_ganeti.rapi import Instance, InstanceSpec
-from synnefo_ganeti.store import InstanceStatus, StoredInstance
+from synnefo_ganeti.rapi import InstanceSpec
+from synnefo_ganeti.reconcile._fetch import BEPARAM_KEYS, QueriedInstance
+from synnefo_ganeti.store import InstanceStatus
 
 __all__ = [
     "BEPARAM_KEYS",
     "NIC_KEYS",
+    "InstanceView",
+    "RowView",
     "beparams_differ",
     "disks_differ",
     "expected_beparams",
@@ -33,8 +42,75 @@ __all__ = [
     "tags_differ",
 ]
 
-BEPARAM_KEYS = ("maxmem", "minmem", "vcpus", "auto_balance", "always_failover", "spindle_use")
 NIC_KEYS = ("mac", "ip", "mode", "link", "network", "name")
+
+
+class InstanceView(Protocol):
+    """What the comparisons read of an instance in Ganeti (``rapi.Instance``'s names)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def admin_state(self) -> str | None: ...
+    @property
+    def oper_state(self) -> bool | None: ...
+    @property
+    def status(self) -> str | None: ...
+    @property
+    def os(self) -> str | None: ...
+    @property
+    def pnode(self) -> str | None: ...
+    @property
+    def beparams(self) -> dict[str, Any]: ...
+    @property
+    def tags(self) -> list[str]: ...
+    @property
+    def nic_macs(self) -> list[str]: ...
+    @property
+    def nic_ips(self) -> list[str | None]: ...
+    @property
+    def nic_modes(self) -> list[str | None]: ...
+    @property
+    def nic_links(self) -> list[str | None]: ...
+    @property
+    def nic_networks(self) -> list[str | None]: ...
+    @property
+    def disk_sizes(self) -> list[int]: ...
+    @property
+    def disk_uuids(self) -> list[str | None]: ...
+
+
+class RowView(Protocol):
+    """What the comparisons read of an instance's row (``store.StoredInstance``'s names)."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def status(self) -> InstanceStatus: ...
+    @property
+    def owned(self) -> bool: ...
+    @property
+    def create_job_id(self) -> int | None: ...
+    @property
+    def updated_at(self) -> datetime | None: ...
+    @property
+    def os(self) -> str | None: ...
+    @property
+    def beparams(self) -> dict[str, Any] | None: ...
+    @property
+    def nics(self) -> list[dict[str, Any]] | None: ...
+    @property
+    def disks(self) -> list[dict[str, Any]] | None: ...
+    @property
+    def tags(self) -> list[str] | None: ...
+    @property
+    def memory(self) -> int | None: ...
+    @property
+    def vcpus(self) -> int | None: ...
+    @property
+    def pnode(self) -> str | None: ...
 
 
 def expected_beparams(beparams: Mapping[str, Any]) -> dict[str, Any]:
@@ -46,11 +122,11 @@ def expected_beparams(beparams: Mapping[str, Any]) -> dict[str, Any]:
     return expected
 
 
-def observed_beparams(instance: Instance) -> dict[str, Any]:
+def observed_beparams(instance: InstanceView) -> dict[str, Any]:
     return {key: instance.beparams[key] for key in BEPARAM_KEYS if key in instance.beparams}
 
 
-def beparams_differ(expected: Mapping[str, Any] | None, instance: Instance) -> dict[str, tuple[Any, Any]]:
+def beparams_differ(expected: Mapping[str, Any] | None, instance: InstanceView) -> dict[str, tuple[Any, Any]]:
     """key -> (expected, Ganeti's) for each expected beparam Ganeti reports otherwise."""
     if not expected:
         return {}
@@ -66,13 +142,14 @@ def _at(values: list[Any], index: int) -> Any:
     return values[index] if index < len(values) else None
 
 
-def observed_nics(instance: Instance) -> list[dict[str, Any]]:
+def observed_nics(instance: InstanceView) -> list[dict[str, Any]]:
     """Ganeti's NICs, each ``{"mac", "ip", "network", "mode", "link"}`` (``None`` where unset)."""
     return [
         {
             "mac": _at(instance.nic_macs, index),
             "ip": _at(instance.nic_ips, index),
-            "network": _at(instance.nic_networks, index),
+            # by name, as a spec names it (``nic.networks`` holds UUIDs; a view without names falls back)
+            "network": _at(getattr(instance, "nic_network_names", None) or instance.nic_networks, index),
             "mode": _at(instance.nic_modes, index),
             "link": _at(instance.nic_links, index),
         }
@@ -80,7 +157,7 @@ def observed_nics(instance: Instance) -> list[dict[str, Any]]:
     ]
 
 
-def nics_differ(expected: list[dict[str, Any]] | None, instance: Instance) -> str | None:
+def nics_differ(expected: list[dict[str, Any]] | None, instance: InstanceView) -> str | None:
     """What differs (a sentence), or None; only keys the expectation names are compared."""
     if expected is None:
         return None
@@ -100,7 +177,7 @@ def expected_disks(disks: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{"size": int(disk["size"])} for disk in disks if "size" in disk]
 
 
-def observed_disks(instance: Instance) -> list[dict[str, Any]]:
+def observed_disks(instance: InstanceView) -> list[dict[str, Any]]:
     """Ganeti's disks, each ``{"size", "uuid"}`` (size in MiB)."""
     return [
         {"size": size, "uuid": _at(instance.disk_uuids, index)}
@@ -108,13 +185,13 @@ def observed_disks(instance: Instance) -> list[dict[str, Any]]:
     ]
 
 
-def observed_memory(instance: Instance) -> int | None:
+def observed_memory(instance: InstanceView) -> int | None:
     """Ganeti's memory in MiB: ``maxmem`` (``memory`` in older answers)."""
     value = instance.beparams.get("maxmem", instance.beparams.get("memory"))
     return None if value is None else int(value)
 
 
-def observed_values(instance: Instance) -> dict[str, Any]:
+def observed_values(instance: InstanceView) -> dict[str, Any]:
     """The instance columns Ganeti's answer fills: what :func:`synnefo_ganeti.store.store_observed` records.
 
     NICs ``{"mac", "ip", "network", "mode", "link"}``, disks ``{"size", "uuid"}``,
@@ -131,7 +208,7 @@ def observed_values(instance: Instance) -> dict[str, Any]:
     }
 
 
-def disks_differ(expected: list[dict[str, Any]] | None, instance: Instance) -> str | None:
+def disks_differ(expected: list[dict[str, Any]] | None, instance: InstanceView) -> str | None:
     if expected is None:
         return None
     want = [disk.get("size") for disk in expected]
@@ -142,8 +219,8 @@ def disks_differ(expected: list[dict[str, Any]] | None, instance: Instance) -> s
 
 
 def observed_changes(
-    rows: Mapping[str, StoredInstance],
-    instances: Mapping[str, Instance],
+    rows: Mapping[str, RowView],
+    instances: Mapping[str, InstanceView],
     *,
     held: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, dict[str, Any]]:
@@ -158,6 +235,8 @@ def observed_changes(
         instance = instances.get(name)
         if instance is None or row.status is InstanceStatus.DESTROYED:
             continue
+        if isinstance(instance, QueriedInstance) and instance.settles(row, tags=False):
+            continue  # the fast path: the same values, nothing to record
         values = observed_values(instance)
         for key in held.get(name, ()):
             values.pop(key, None)
@@ -174,7 +253,9 @@ def our_tags(tags: Iterable[str], namespace: str | None) -> list[str]:
     return sorted({tag for tag in tags if namespace is None or tag.startswith(namespace)})
 
 
-def tags_differ(expected: list[str] | None, instance: Instance, namespace: str | None = None) -> str | None:
+def tags_differ(
+    expected: list[str] | None, instance: InstanceView, namespace: str | None = None
+) -> str | None:
     if expected is None:
         return None
     want, have = set(our_tags(expected, namespace)), set(our_tags(instance.tags, namespace))

@@ -1,9 +1,12 @@
 """Snapshots, drifts, and :func:`plan`: what differs between the database and Ganeti. Pure code.
 
 Per backend the reconciler takes one snapshot of the database (its instances, and its
-jobs not final) and then one of Ganeti (``/2/instances?bulk=1``, ``/2/jobs?bulk=1``,
-and ``GET /2/jobs/ID`` for the jobs the database needs that the listing lacks).
-:func:`plan` compares them in one pass over each, without I/O.
+jobs not final) and then one of Ganeti (``/2/query/instance`` with the fields compared,
+``/2/jobs?bulk=1``, and ``GET /2/jobs/ID`` for the jobs the database needs that the
+listing lacks). :func:`plan` compares them in one pass over each, without I/O. An
+instance that agrees with its row in everything (``QueriedInstance.settles``, most of
+them on most passes) costs one quick check; the others go through the comparisons below,
+which say what differs.
 
 Rules, in the words of the drift kinds:
 
@@ -49,8 +52,11 @@ from typing import Any
 
 from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.jobs import JobStatus
-from synnefo_ganeti.rapi import Instance, Job
+from synnefo_ganeti.rapi import Job
+from synnefo_ganeti.reconcile._fetch import QueriedInstance
 from synnefo_ganeti.reconcile._observe import (
+    InstanceView,
+    RowView,
     beparams_differ,
     disks_differ,
     nics_differ,
@@ -60,7 +66,7 @@ from synnefo_ganeti.reconcile._observe import (
     our_tags,
     tags_differ,
 )
-from synnefo_ganeti.store import InstanceStatus, StoredInstance, StoredJob
+from synnefo_ganeti.store import InstanceStatus, StoredJob
 
 __all__ = [
     "BUILD_GRACE",
@@ -109,10 +115,13 @@ class Fix(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class DbSnapshot:
-    """One backend's rows: every instance (by name) and the jobs not final (by id)."""
+    """One backend's rows: every instance (by name) and the jobs not final (by id).
+
+    ``instances``: :class:`~synnefo_ganeti.store.StoredInstance` or the reconciler's lighter
+    :class:`~._fetch.SnapshotRow` (the columns compared)."""
 
     backend: str
-    instances: dict[str, StoredInstance]
+    instances: Mapping[str, RowView]
     jobs: dict[int, StoredJob]
     taken_at: float = field(default_factory=time.time)
 
@@ -121,14 +130,15 @@ class DbSnapshot:
 class GanetiSnapshot:
     """What one backend's Ganeti reported, taken after the :class:`DbSnapshot`.
 
-    ``jobs``: ``/2/jobs?bulk=1`` (unarchived jobs). ``looked_up``: ``GET /2/jobs/ID`` for
+    ``instances``: :class:`~._fetch.QueriedInstance` (or :class:`~synnefo_ganeti.rapi.Instance`)
+    by name. ``jobs``: ``/2/jobs?bulk=1`` (unarchived jobs). ``looked_up``: ``GET /2/jobs/ID`` for
     the jobs the database needs and the listing lacks; ``None`` for a job Ganeti does
     not know. ``owned``: the names of Ganeti's instances the ownership settings say are
     ours (the snapshot records it so that :func:`plan` needs no settings).
     """
 
     backend: str
-    instances: dict[str, Instance]
+    instances: Mapping[str, InstanceView]
     jobs: dict[int, Job]
     looked_up: dict[int, Job | None] = field(default_factory=dict)
     owned: frozenset[str] = frozenset()
@@ -169,7 +179,7 @@ class Drift:
         return result
 
 
-def ganeti_state(instance: Instance) -> InstanceStatus:
+def ganeti_state(instance: InstanceView) -> InstanceStatus:
     """STARTED when Ganeti means the instance to run and it does (or cannot tell), else STOPPED."""
     if instance.admin_state == "up" and instance.oper_state is not False:
         return InstanceStatus.STARTED
@@ -180,6 +190,8 @@ def _op_instances(op: Mapping[str, Any]) -> Iterable[str]:
     name = op.get("instance_name")
     if isinstance(name, str):
         yield name
+    if isinstance(op.get("new_name"), str):
+        yield op["new_name"]  # a rename: the instance has one name or the other, both are its
     for item in op.get("instances") or ():
         if isinstance(item, Mapping) and isinstance(item.get("instance_name"), str):
             yield item["instance_name"]
@@ -244,6 +256,7 @@ def plan(
         if ganeti_job is not None and stored.instance is not None:
             # running, or ended and its end not stored yet: the instance's state follows it
             busy.add(stored.instance)
+            busy.update(job_instances(ganeti_job))  # (a rename's new name too)
         if ganeti_job is None:
             drifts.append(
                 Drift(
@@ -273,6 +286,8 @@ def plan(
             continue
         if name in busy:
             continue
+        if isinstance(observed, QueriedInstance) and observed.settles(row, gnt.tag_namespace):
+            continue  # the same in everything compared: no drift
         if observed is None:
             if row.status is not InstanceStatus.ERROR:
                 drifts.append(
@@ -301,8 +316,8 @@ def plan(
 
 
 def _building(
-    row: StoredInstance,
-    observed: Instance | None,
+    row: RowView,
+    observed: InstanceView | None,
     gnt: GanetiSnapshot,
     seen_create: Job | None,
     taken_at: float,
@@ -355,7 +370,7 @@ def _building(
     )  # fmt: skip
 
 
-def _compare(row: StoredInstance, observed: Instance, tag_namespace: str | None = None) -> list[Drift]:
+def _compare(row: RowView, observed: InstanceView, tag_namespace: str | None = None) -> list[Drift]:
     backend, name = row.backend, row.name
     drifts: list[Drift] = []
     state = ganeti_state(observed)

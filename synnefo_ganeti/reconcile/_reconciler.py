@@ -1,9 +1,10 @@
 """The reconciler: snapshots of every backend at once, :func:`plan`, and the opt-in fixes.
 
 ``async with Reconciler(settings) as reconciler: report = await reconciler.run_once()``.
-Per backend: one query of instances and one of jobs not final, then Ganeti's
-instances and jobs fetched concurrently, then ``GET /2/jobs/ID`` (bounded) for the
-jobs the database needs that the listing lacks; all under the backend's timeout. A
+Per backend: one query of instances (the compared columns) and one of jobs not final,
+then Ganeti's instances (``/2/query/instance``, the compared fields: :mod:`._fetch`) and
+jobs fetched concurrently, then ``GET /2/jobs/ID`` (bounded) for the jobs the database
+needs that the listing lacks; all under the backend's timeout. A
 backend that fails or is too slow gets ``ok=False`` and a one-line reason; the others
 finish. Fixes are opt-in (see :class:`Fix`); the only Ganeti-side action, deleting an
 orphan, needs ``delete_orphans=True``.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -21,11 +22,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from synnefo_ganeti._backends import BackendResources
+from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.errors import GanetiError, JobNotFoundError
-from synnefo_ganeti.jobs import JobFile, JobStatus, LogLine, OpState, op_instance
+from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.metrics import DRIFT_FOUND
 from synnefo_ganeti.rapi import Job, RapiClient
+from synnefo_ganeti.reconcile._fetch import query_instances, read_db
+from synnefo_ganeti.reconcile._job_file import job_file
+from synnefo_ganeti.reconcile._networks import NetworkDrift, NetworkDriftKind, check_networks
 from synnefo_ganeti.reconcile._observe import observed_changes
 from synnefo_ganeti.reconcile._plan import (
     BUILD_GRACE,
@@ -70,8 +75,10 @@ class BackendReport:
     duration: float = 0.0
     #: rows that took Ganeti's values this pass (NICs, disks, memory, vcpus, os, pnode)
     observed: int = 0
+    #: the network and address drifts (reconcile/_networks.py)
+    networks: list[NetworkDrift] = field(default_factory=list)
 
-    __json_fields__ = ("name", "ok", "error", "drifts")
+    __json_fields__ = ("name", "ok", "error", "drifts", "networks")
 
     def to_json(self) -> dict[str, Any]:
         result: dict[str, Any] = to_jsonable(self)
@@ -85,7 +92,7 @@ class Report:
     @property
     def clean(self) -> bool:
         """Every backend checked, no drift found."""
-        return all(backend.ok and not backend.drifts for backend in self.backends)
+        return all(backend.ok and not backend.drifts and not backend.networks for backend in self.backends)
 
     @property
     def ok(self) -> bool:
@@ -106,25 +113,26 @@ class Report:
             if not backend.ok:
                 parts.append(f"{backend.name}: failed ({backend.error})")
                 continue
-            fixed = sum(drift.fixed for drift in backend.drifts)
-            parts.append(f"{backend.name}: {len(backend.drifts)} drifts, {fixed} fixed")
+            found = len(backend.drifts) + len(backend.networks)
+            fixed = sum(d.fixed for d in backend.drifts) + sum(d.fixed for d in backend.networks)
+            parts.append(f"{backend.name}: {found} drifts, {fixed} fixed")
         return "; ".join(parts) or "no backends"
 
 
 # -- snapshots ---------------------------------------------------------------------------------------
 
 
-async def snapshot_db(store: Store, backend: str) -> DbSnapshot:
-    """The backend's instances and its jobs not final: two queries, whatever their number."""
-    taken_at = time.time()
-    instances = await store.list_instances(backend=backend)
+async def snapshot_db(store: Store, backend: str, *, destroyed: bool = True) -> DbSnapshot:
+    """The backend's instances and its jobs not final: a few queries, whatever their number.
+
+    Instances: a name's current row (live, else the newest DESTROYED), not an earlier life;
+    only the columns compared (:class:`~._fetch.SnapshotRow`). ``destroyed=False``: live rows
+    only (:meth:`Reconciler.snapshots` then reads the DESTROYED ones of Ganeti's orphans).
+    """
+    instances, taken_at = await read_db(store, backend, destroyed=destroyed)
     jobs = await store.list_jobs(backend=backend, status=_NOT_FINAL)
     return DbSnapshot(
-        backend=backend,
-        # a name's current row (listed first: live, else the newest DESTROYED), not an earlier life
-        instances={instance.name: instance for instance in reversed(instances)},
-        jobs={job.job_id: job for job in jobs},
-        taken_at=taken_at,
+        backend=backend, instances=instances, jobs={job.job_id: job for job in jobs}, taken_at=taken_at
     )
 
 
@@ -136,14 +144,15 @@ async def snapshot_ganeti(
     lookup_concurrency: int = 8,
     tag_namespace: str | None = None,
 ) -> GanetiSnapshot:
-    """Ganeti's instances and jobs (fetched concurrently), then the lookups the database needs.
+    """Ganeti's instances (the compared fields) and jobs, fetched concurrently, then the
+    lookups the database needs.
 
     Looked up (``GET /2/jobs/ID``, at most ``lookup_concurrency`` at once): the database's
     jobs not final and the create jobs of its BUILD instances, when the listing lacks them.
     ``owns(name, tags) -> bool`` says which instances are ours (none without it).
     """
     taken_at = time.time()
-    instances, jobs = await asyncio.gather(client.list_instances(), client.list_jobs())
+    instances, jobs = await asyncio.gather(query_instances(client), client.list_jobs())
     by_id = {job.id: job for job in jobs}
     wanted = {job_id for job_id in db.jobs if job_id not in by_id}
     wanted.update(
@@ -164,11 +173,11 @@ async def snapshot_ganeti(
 
     looked_up = dict(await asyncio.gather(*(look_up(job_id) for job_id in sorted(wanted))))
     owned = frozenset(
-        instance.name for instance in instances if owns is not None and owns(instance.name, instance.tags)
+        name for name, instance in instances.items() if owns is not None and owns(name, instance.tags)
     )
     return GanetiSnapshot(
         backend=db.backend,
-        instances={instance.name: instance for instance in instances},
+        instances=instances,
         jobs=by_id,
         looked_up=looked_up,
         owned=owned,
@@ -178,48 +187,6 @@ async def snapshot_ganeti(
 
 
 # -- fixes -------------------------------------------------------------------------------------------
-
-
-def _time(value: Any) -> float | None:
-    return None if value is None else float(value.as_float)
-
-
-def job_file(job: Job) -> JobFile:
-    """A job-file version made of a RAPI job (to store an end the watcher missed).
-
-    RAPI reports no per-op timestamps: ops take the job's start, and final ops its end.
-    """
-    start, end = _time(job.start_ts), _time(job.end_ts)
-    ops = []
-    for index, op_input in enumerate(job.ops):
-        status = job.opstatus[index] if index < len(job.opstatus) else job.status
-        result = job.opresult[index] if job.opresult is not None and index < len(job.opresult) else None
-        entries = job.oplog[index] if job.oplog is not None and index < len(job.oplog) else []
-        lines = tuple(
-            LogLine(
-                int(entry.serial),
-                entry.timestamp.as_float,
-                str(entry.type),
-                entry.message if isinstance(entry.message, str) else json.dumps(entry.message),
-            )
-            for entry in entries
-        )
-        ops.append(
-            OpState(
-                index=index,
-                op_id=str(op_input.get("OP_ID", "")),
-                status=status,
-                instance=op_instance(op_input),
-                result=result,
-                log=tuple(sorted(lines, key=lambda line: line.serial)),
-                start_time=start if status is not JobStatus.QUEUED else None,
-                exec_time=None,
-                end_time=end if status.is_final else None,
-                input=dict(op_input),
-            )
-        )
-    received = _time(job.received_ts)
-    return JobFile(job_id=job.id, ops=tuple(ops), received_time=received, start_time=start, end_time=end)
 
 
 def _fix_kinds(fixes: Iterable[Fix | str]) -> set[DriftKind]:
@@ -345,7 +312,7 @@ class Reconciler(BackendResources):
         # done; one at a time, a backend asks Ganeti as soon as its own rows are in and waits
         # for the answer while the next backend reads (benchmarks/reconcile.py).
         async with self._db_reads:
-            db = await snapshot_db(self.store, backend)
+            db = await snapshot_db(self.store, backend, destroyed=False)
         gnt = await snapshot_ganeti(
             client,
             db,
@@ -353,16 +320,51 @@ class Reconciler(BackendResources):
             lookup_concurrency=self.lookup_concurrency,
             tag_namespace=self.settings.ownership.tag_namespace,
         )
+        # The DESTROYED rows only of the names that could be orphans (ours in Ganeti, no live
+        # row): the live rows alone are read by an index, every backend's DESTROYED ones by a scan.
+        # Such a row is read after Ganeti answered; it only says why an orphan is one.
+        unheld = sorted(name for name in gnt.owned if name not in db.instances)
+        if unheld:
+            ended, _ = await read_db(self.store, backend, live=False, destroyed=unheld)
+            db = dataclasses.replace(db, instances={**ended, **db.instances})
         return db, gnt
 
+    async def _check_networks(
+        self, backend: str, fixes: Collection[NetworkDriftKind | str], delete_orphans: bool, timeout: float
+    ) -> list[NetworkDrift]:
+        async with asyncio.timeout(timeout):
+            client = await self.client(backend)
+            drifts = await check_networks(
+                self.store,
+                client,
+                backend,
+                owns=self.settings.ownership.owns,
+                fixes=fixes,
+                delete_orphans=delete_orphans,
+                timeout=timeout,
+            )
+        for drift in drifts:
+            DRIFT_FOUND.labels(backend, drift.kind.value).inc()
+        return drifts
+
     async def check_backend(
-        self, backend: str, *, fixes: Collection[Fix | str] = frozenset(), delete_orphans: bool = False
+        self,
+        backend: str,
+        *,
+        fixes: Collection[Fix | str] = frozenset(),
+        delete_orphans: bool = False,
+        network_fixes: Collection[NetworkDriftKind | str] = frozenset(),
     ) -> BackendReport:
-        """One backend: snapshots under its timeout, the plan, the requested fixes; never raises."""
+        """One backend: snapshots under its timeout, the plan, the requested fixes; never raises.
+
+        The networks are checked at the same time as the instances (their answers take as long)."""
         started = time.monotonic()
         timeout = self.settings.reconcile_timeout(backend)
         drifts: list[Drift] = []  # kept when the fixes fail: what was found is still reported
         observed_count = 0
+        networks = asyncio.ensure_future(
+            self._check_networks(backend, network_fixes, delete_orphans, timeout)
+        )
         try:
             async with asyncio.timeout(timeout):
                 db, gnt = await self.snapshots(backend)
@@ -385,6 +387,7 @@ class Reconciler(BackendResources):
                     observed_count = await record_observed(
                         self.store, backend, observed, taken_at=gnt.taken_at
                     )
+            network_drifts = await networks
         except TimeoutError:
             error = f"backend {backend}: no answer within {timeout:g} s (timeout)"
             log.warning("%s", error)
@@ -397,8 +400,17 @@ class Reconciler(BackendResources):
             error = f"backend {backend}: unexpected {_reason(exc)}"
             log.exception("%s", error)
             return BackendReport(backend, False, error, drifts, time.monotonic() - started)
+        finally:
+            if not networks.done():  # the instance part failed first
+                networks.cancel()
+            await asyncio.gather(networks, return_exceptions=True)  # its failure is reported above
         return BackendReport(
-            backend, ok=True, drifts=drifts, duration=time.monotonic() - started, observed=observed_count
+            backend,
+            ok=True,
+            drifts=drifts,
+            duration=time.monotonic() - started,
+            observed=observed_count,
+            networks=network_drifts,
         )
 
     async def run_once(
@@ -407,15 +419,28 @@ class Reconciler(BackendResources):
         backends: Iterable[str] | None = None,
         fixes: Collection[Fix | str] = frozenset(),
         delete_orphans: bool = False,
+        network_fixes: Collection[NetworkDriftKind | str] = frozenset(),
     ) -> Report:
         """Every backend (or the named ones) at once; a failing one does not stop the others."""
         names = list(backends) if backends is not None else [b.name for b in self.settings.backends]
         for name in names:
             self.settings.backend(name)  # ConfigError for an unknown name, before any work
         fixes = frozenset(Fix(fix) for fix in fixes)
-        reports = await asyncio.gather(
-            *(self.check_backend(name, fixes=fixes, delete_orphans=delete_orphans) for name in names)
-        )
+        network_fixes = frozenset(NetworkDriftKind(kind) for kind in network_fixes)
+        # The cyclic garbage collector is paused for the pass: its snapshots are hundreds of
+        # thousands of acyclic objects (rows, answers), which full collections scanned again
+        # and again without finding garbage (0.3 s of a 10 x 1,000 pass, more than the rest
+        # at 100,000 instances: docs/benchmarks.md). Reference counting still frees them; a
+        # cycle made meanwhile waits for the pass's end (bounded by the backends' timeouts).
+        with gc_paused():
+            reports = await asyncio.gather(
+                *(
+                    self.check_backend(
+                        name, fixes=fixes, delete_orphans=delete_orphans, network_fixes=network_fixes
+                    )
+                    for name in names
+                )
+            )
         return Report(list(reports))
 
     async def run_forever(
@@ -424,6 +449,7 @@ class Reconciler(BackendResources):
         backends: Iterable[str] | None = None,
         fixes: Collection[Fix | str] = frozenset(),
         delete_orphans: bool = False,
+        network_fixes: Collection[NetworkDriftKind | str] = frozenset(),
         stop: asyncio.Event | None = None,
     ) -> None:
         """A pass every ``[reconcile] interval`` seconds until ``stop`` is set (or cancelled),
@@ -434,7 +460,9 @@ class Reconciler(BackendResources):
         while not stop.is_set():
             started = time.monotonic()
             try:
-                report = await self.run_once(backends=names, fixes=fixes, delete_orphans=delete_orphans)
+                report = await self.run_once(
+                    backends=names, fixes=fixes, delete_orphans=delete_orphans, network_fixes=network_fixes
+                )
             except Exception:
                 log.exception("reconcile pass failed; next pass in %g s", interval)
             else:

@@ -16,6 +16,7 @@ from synnefo_ganeti.store._instances import (
     instance_status_after,
 )
 from synnefo_ganeti.store._migrate import current_revision, head_revision, upgrade
+from synnefo_ganeti.store._networks import NetworkOnBackend, NetworkState, NetworkStore, StoredNetwork
 from synnefo_ganeti.store._observed import OBSERVED_FIELDS, record_observed, store_observed
 from synnefo_ganeti.store._requests import Request, RequestStatus, new_request_id, request_tag
 from synnefo_ganeti.store._settle import is_backend_error, is_capacity_error
@@ -39,6 +40,9 @@ __all__ = [
     "InstanceAction",
     "InstanceStatus",
     "JobVersion",
+    "NetworkOnBackend",
+    "NetworkState",
+    "NetworkStore",
     "PruneResult",
     "Request",
     "RequestNotHeldError",
@@ -47,6 +51,7 @@ __all__ = [
     "StoredEvent",
     "StoredInstance",
     "StoredJob",
+    "StoredNetwork",
     "StoredOp",
     "WriterStats",
     "current_revision",

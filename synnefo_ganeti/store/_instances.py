@@ -23,7 +23,15 @@ from sqlalchemy import Connection, Row, Table, bindparam, case, delete, insert, 
 from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.errors import ConflictError, NotFoundError
 from synnefo_ganeti.jobs import JobStatus, JobSummary
-from synnefo_ganeti.store._outcomes import instance_unknown, job_message, last_error_after, task_of
+from synnefo_ganeti.store._column_changes import changed_columns, renamed
+from synnefo_ganeti.store._outcomes import (
+    changes_after,
+    instance_unknown,
+    job_message,
+    last_error_after,
+    shut_down,
+    task_of,
+)
 from synnefo_ganeti.store._recorded import notify_job_recorded
 from synnefo_ganeti.store._schema import Backend, Instance, InstanceJob, Job
 from synnefo_ganeti.store._settle import settle_requests
@@ -66,6 +74,19 @@ class InstanceAction(enum.StrEnum):
     REBOOT = "reboot"
     REMOVE = "remove"
     MODIFY = "modify"
+    # the cloud's operations (control/_operations.py); each value <= 16 characters (the column)
+    RESIZE = "resize"
+    GROW_DISK = "grow_disk"
+    ATTACH_NIC = "attach_nic"
+    DETACH_NIC = "detach_nic"
+    ATTACH_DISK = "attach_disk"
+    DETACH_DISK = "detach_disk"
+    RENAME = "rename"
+    REINSTALL = "reinstall"
+    MIGRATE = "migrate"
+    FAILOVER = "failover"
+    ADD_TAGS = "add_tags"
+    REMOVE_TAGS = "remove_tags"
 
 
 def instance_status_after(
@@ -82,7 +103,9 @@ def instance_status_after(
             return InstanceStatus.DESTROYED  # canceled before it ran: the instance never existed
         return InstanceStatus.ERROR
     if not success:
-        return None  # a failed startup, shutdown, reboot, remove or modify leaves the state alone
+        return None  # a failed startup, shutdown, reboot, remove, modify ... leaves the state alone
+    if action is InstanceAction.REINSTALL:  # shutdown, reinstall, then startup unless start=False
+        return InstanceStatus.STARTED if start is not False else InstanceStatus.STOPPED
     return {
         InstanceAction.STARTUP: InstanceStatus.STARTED,
         InstanceAction.REBOOT: InstanceStatus.STARTED,
@@ -219,12 +242,15 @@ def apply_final_jobs(
             ).all()
             applied: list[dict[str, Any]] = []
             moved: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+            current = changed_columns(conn, rows, summaries)
             for row in rows:
                 summary = summaries[row.job_id]
                 applied.append(
                     {"b_backend": backend_id, "b_job": row.job_id, "b_result": summary.status.value}
                 )
-                values = _after(row, summary, now)
+                values = _after(row, summary, now, current.get(row.instance_id))
+                if "name" in values:
+                    values = renamed(conn, backend_id, row.instance_id, values, summary.job_id, now)
                 if values:
                     moved.setdefault(tuple(sorted(values)), []).append({**values, "b_row": row.instance_id})
                     changed += "updated_at" in values
@@ -240,8 +266,11 @@ def apply_final_jobs(
     return changed
 
 
-def _after(row: Any, summary: JobSummary, now: datetime) -> dict[str, Any]:
-    """What the end of ``row``'s job changes on its instance ({}: nothing)."""
+def _after(
+    row: Any, summary: JobSummary, now: datetime, current: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What the end of ``row``'s job changes on its instance ({}: nothing); ``current``: the
+    instance's :data:`CHANGED_COLUMNS` (when its job changes some)."""
     status = summary.status
     action = InstanceAction(row.action)
     end = _end_time(summary)
@@ -256,10 +285,13 @@ def _after(row: Any, summary: JobSummary, now: datetime) -> dict[str, Any]:
         new_status = InstanceStatus.DESTROYED  # Ganeti has no such instance: it is gone
     if new_status is InstanceStatus.DESTROYED:
         values.update(task=None, task_job_id=None)
+    if new_status is None and action is InstanceAction.REINSTALL and shut_down(summary):
+        new_status = InstanceStatus.STOPPED  # its shutdown ran, then the reinstall failed
     if new_status is not None and new_status.value != row.status:
         values["status"] = new_status.value
-    if action is InstanceAction.MODIFY and status is JobStatus.SUCCESS and row.params:
-        values["beparams"] = {**(row.beparams or {}), **row.params}
+    if status is JobStatus.SUCCESS and row.params:
+        # what the action changed, as asked (Ganeti's own values follow: dispatch/_observe.py)
+        values.update(changes_after(action.value, row.params, current or row._mapping))
     if new_status is not None or values:
         values["state_time"] = end if end is not None else row.state_time
     if not values:

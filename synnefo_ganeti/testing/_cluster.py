@@ -79,6 +79,7 @@ class FakeNode:
     tags: list[str] = field(default_factory=list)
     ctime: float = field(default_factory=time.time)
     serial_no: int = 1
+    ndparams: dict[str, Any] = field(default_factory=dict)  # the node's own, over the defaults
 
 
 @dataclass
@@ -227,7 +228,8 @@ def node_view(node: FakeNode, instances: list[FakeInstance], group_uuid: str) ->
             "ovs_link": "",
             "ssh_port": 22,
             "cpu_speed": 1,
-        },
+        }
+        | node.ndparams,
         "group.uuid": group_uuid,
         "ctime": node.ctime,
         "mtime": node.ctime,

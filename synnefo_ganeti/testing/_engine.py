@@ -186,11 +186,14 @@ class FakeCluster:
         dry_run: bool = False,
         user_reason: str | None = None,
         library_reason: bool = True,
+        parent_reason: list[Any] | None = None,
     ) -> int:
         """Queue a job of ``(OP_ID, params)`` ops; returns its id at once, as luxid does.
 
         ``resource`` names the RAPI resource (``instances``); ``client`` a gnt-* command
         line instead (``("gnt-debug", "submit-job")``), as in Ganeti's reason trail.
+        ``parent_reason``: the trail of the op that submits this job as its child, which
+        replaces the library's entry (``mcpu._SetBaseOpParams``).
         """
         if (resource is None) == (client is None):
             raise ValueError("give exactly one of resource (RAPI) or client (command line)")
@@ -204,7 +207,9 @@ class FakeCluster:
             reason: list[Any] = []
             if user_reason is not None:
                 reason.append(["gnt:user", user_reason, ns])
-            if client is not None:
+            if parent_reason is not None:
+                reason.extend(list(entry) for entry in parent_reason)
+            elif client is not None:
                 reason.append([f"gnt:client:{client[0]}", client[1], ns])
             elif library_reason:  # not for ops a resource builds itself (rlib2's reinstall)
                 reason.append([f"gnt:library:rlib2:{resource}", "", ns])

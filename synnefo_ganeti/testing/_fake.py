@@ -22,6 +22,7 @@ from typing import Any, Self
 
 from aiohttp import web
 
+from synnefo_ganeti.testing import _ops_nodes
 from synnefo_ganeti.testing._engine import FakeCluster
 from synnefo_ganeti.testing._queue import QueueDir
 from synnefo_ganeti.testing._server import FAULT_KINDS, Fault, RapiApp
@@ -211,6 +212,11 @@ class FakeGaneti:
 
     def clear_faults(self) -> None:
         self.rapi.faults.clear()
+
+    def master_failover(self, node: str) -> None:
+        """Make ``node`` the master, as ``gnt-cluster master-failover`` run there does (Ganeti's
+        RAPI has no call for it); ``ConflictError`` if it is the master or not a candidate."""
+        _ops_nodes.master_failover(self.cluster, node)
 
     def archive_jobs(self) -> int:
         """Archive every ended job now (``gnt-job autoarchive 0``); returns how many."""

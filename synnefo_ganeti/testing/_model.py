@@ -161,6 +161,23 @@ class FakeFilter:
     reason_trail: list[Any]
     watermark: int
 
+    def __post_init__(self) -> None:
+        # luxid parses each predicate's query filter (``Ganeti.Query.Language``) and stores it
+        # serialised again: ``=`` comes back as ``==`` (measured on Ganeti 3.0)
+        self.predicates = [
+            [p[0], _equality(p[1])] if isinstance(p, list) and len(p) == 2 else p for p in self.predicates
+        ]
+
+
+def _equality(qfilter: Any) -> Any:
+    """A query filter with every ``=`` as ``==``, inside ``&``, ``|`` and ``!`` too."""
+    if not isinstance(qfilter, list) or not qfilter:
+        return qfilter
+    head = "==" if qfilter[0] == "=" else qfilter[0]
+    if head in ("&", "|", "!"):
+        return [head, *(_equality(item) for item in qfilter[1:])]
+    return [head, *qfilter[1:]]
+
 
 @dataclass
 class ClusterModel:

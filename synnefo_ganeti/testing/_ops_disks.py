@@ -122,6 +122,17 @@ async def instance_recreate_disks(cluster: FakeCluster, job: FakeJob, op: FakeOp
         raise OpFailure("OpPrereqError", f"Instance '{inst.name}' has no disks", "wrong_input")
     check_down(inst, "cannot recreate disks")
     await cluster.work(job, op, [], cluster.op_time(op))
+    nodes = op.luxid.get("nodes") or [inst.pnode]
+    if inst.disk_template in ("file", "sharedfile") and inst.pnode in nodes:
+        # the disk files are still there: FileStorage.Create refuses (Ganeti 3.0 on the testbed)
+        disk, path = inst.disks[0], f"/srv/ganeti/file-storage/{inst.name}/{inst.disks[0]['uuid']}.file.disk0"
+        raise OpFailure(
+            "OpExecError",
+            f"Can't create block device <Disk(type={inst.disk_template}, logical_id=('loop', '{path}'), children=[],"
+            f" visible as /dev/disk/0, size={disk.get('size')}m)> on node {inst.pnode} for instance {inst.name}:"
+            f" Can't create block device: {path}: can't create: [Errno 17] File exists: '{path}'",
+            prereq=False,
+        )
     if not op.luxid.get("dry_run"):
         inst.touch()
 

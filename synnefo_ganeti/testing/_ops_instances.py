@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from synnefo_ganeti.testing import _opcodes
 from synnefo_ganeti.testing._cluster import OpFailure, parse_size
+from synnefo_ganeti.testing._disk_mods import disk_mods
 from synnefo_ganeti.testing._locks import ALL
 from synnefo_ganeti.testing._ops_networks import nic_mods, release_nics
 from synnefo_ganeti.testing._placement import check_room, choose_node
@@ -129,6 +130,7 @@ async def instance_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) ->
     if not any(p.get(key) for key in ("beparams", "hvparams", "nics", "disks", "osparams", "os_name")):
         raise OpFailure("OpPrereqError", "No changes submitted", "wrong_input")
     nic_changes, commit_nics, resolved_nics = nic_mods(cluster, inst, list(p.get("nics") or []))
+    disk_changes, commit_disks = disk_mods(cluster, inst, list(p.get("disks") or []))
     cluster.start_running(job, op, instance_uuid=inst.uuid, nics=resolved_nics)
     changes: list[list[Any]] = []
     if "memory" in beparams:
@@ -145,7 +147,7 @@ async def instance_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) ->
         beparams[key] = value
         changes.append([f"be/{key}", value])
     changes += [[f"hv/{key}", value] for key, value in (p.get("hvparams") or {}).items()]
-    changes += nic_changes
+    changes += nic_changes + disk_changes
     await cluster.work(job, op, [], cluster.op_time(op))
     if not p.get("dry_run"):
         inst.beparams.update(beparams)
@@ -153,6 +155,7 @@ async def instance_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) ->
         inst.custom_beparams.update(beparams)
         inst.hvparams.update(p.get("hvparams") or {})
         commit_nics()
+        commit_disks()
         inst.touch()
     op.result = changes
 
@@ -163,8 +166,15 @@ async def instance_multi_alloc(cluster: FakeCluster, job: FakeJob, op: FakeOp) -
     resolved_children: list[dict[str, Any]] = []
     for body in op.luxid.get("instances") or []:
         params = dict(body) | {"comment": "Submitted by OP_INSTANCE_MULTI_ALLOC"}
-        children.append(params)
         node = choose_node(cluster, params, str(params.get("instance_name")))
+        if not params.get("pnode"):  # the allocator ran: its node goes into the create, and
+            # "memory" came back upgraded from its request (objects.UpgradeBeParams)
+            beparams = dict(params.get("beparams") or {})
+            if "memory" in beparams:
+                memory = beparams.pop("memory")
+                beparams = {"maxmem": memory, "minmem": memory} | beparams
+            params |= {"beparams": beparams, "pnode": node.name, "iallocator": None}
+        children.append(params)
         child = _opcodes.luxid_input("OP_INSTANCE_CREATE", params, op.luxid["reason"], dry_run=False)
         resolved = _opcodes.resolved_input(
             child,
@@ -175,7 +185,9 @@ async def instance_multi_alloc(cluster: FakeCluster, job: FakeJob, op: FakeOp) -
     cluster.start_running(job, op, instances=resolved_children, iallocator=op.luxid.get("iallocator"))
     await cluster.work(job, op, [], cluster.op_time(op))
     dry_run = bool(op.luxid.get("dry_run"))
-    ids = [cluster.submit([("OP_INSTANCE_CREATE", child)], resource="instances_multi_alloc", dry_run=dry_run)
+    # mcpu._ProcessResult: no dry_run of their own (unless the parent's), the parent's trail
+    ids = [cluster.submit([("OP_INSTANCE_CREATE", {"dry_run": True if dry_run else None} | child)],
+                          resource="instances_multi_alloc", parent_reason=op.luxid.get("reason") or [])
            for child in children]  # fmt: skip
     op.result = {
         "allocatable": [str(child.get("instance_name")) for child in children],

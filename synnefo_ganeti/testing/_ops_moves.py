@@ -3,25 +3,31 @@
 
 Locks: migrate and failover take the instance, its nodes and their node-res locks, and
 the target's (all nodes with an iallocator); rename the instance; reinstall the instance
-and its nodes; export the instance and every node, shared. A ``diskless`` instance moves
-(Ganeti's ``DTS_EXT_MIRROR``); a ``file`` one cannot; with no other node to go to, the
-iallocator's failure is Ganeti 3.0's. Rename and reinstall want the instance down.
+and its nodes; export the instance and every node, shared. A ``diskless`` or ``sharedfile``
+instance moves (Ganeti's ``DTS_EXT_MIRROR``); a ``file`` one cannot. Without a target node the
+iallocator picks one (``TLMigrateInstance._RunAllocator``; here: the node with the most free
+memory, as hail's balancing does on equal nodes), or fails as Ganeti 3.0's with no other node.
+Rename and reinstall want the instance down.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from synnefo_ganeti.testing._cluster import OpFailure
+from synnefo_ganeti.testing._cluster import OpFailure, free_capacity
 from synnefo_ganeti.testing._locks import ALL
 from synnefo_ganeti.testing._ops_disks import check_down, instance_locks, instance_of
 from synnefo_ganeti.testing._registry import Needs, opcode
 
 if TYPE_CHECKING:
+    from synnefo_ganeti.testing._cluster import FakeInstance
     from synnefo_ganeti.testing._engine import FakeCluster
     from synnefo_ganeti.testing._jobs import FakeJob, FakeOp
 
-__all__: list[str] = []
+__all__ = ["best_node"]
+
+_EXT_MIRROR = ("diskless", "sharedfile", "rbd", "ext", "blockdev", "gluster")
 
 
 def _move_locks(cluster: FakeCluster, op: FakeOp) -> Needs:
@@ -33,38 +39,61 @@ def _move_locks(cluster: FakeCluster, op: FakeOp) -> Needs:
     return Needs(instance=str(op.luxid.get("instance_name")), node=nodes, node_res=list(nodes))
 
 
-async def _move(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+def best_node(
+    cluster: FakeCluster, inst: FakeInstance, exclude: Iterable[str], planned: dict[str, int]
+) -> str | None:
+    """Where an iallocator would put ``inst``: an online, undrained, vm-capable node not in
+    ``exclude`` with room for its memory and the most free memory (``planned``: MiB already
+    promised to each node by earlier moves of the same plan); ``None`` when none fits."""
+    skip = set(exclude)
+    fits = []
+    for node in cluster.nodes.values():
+        if node.name in skip or node.offline or node.drained or not node.vm_capable:
+            continue
+        free, _ = free_capacity(node, cluster.instances.values())
+        room = (free or 0) - planned.get(node.name, 0)
+        if room >= inst.memory:
+            fits.append((-room, node.name))
+    return min(fits)[1] if fits else None
+
+
+async def _move(cluster: FakeCluster, job: FakeJob, op: FakeOp, failover: bool) -> None:
+    """``TLMigrateInstance.CheckPrereq`` and ``Exec`` for an externally mirrored instance."""
     inst = instance_of(cluster, op)
     target = op.luxid.get("target_node")
     if not target and not op.luxid.get("iallocator"):  # CheckArguments: the cluster's default iallocator
         op.resolve(iallocator=cluster.default_iallocator)
-    cluster.start_running(job, op, instance_uuid=inst.uuid)  # TLMigrateInstance.CheckPrereq checks the rest
-    if inst.disk_template not in ("diskless", "sharedfile", "rbd", "ext", "blockdev", "gluster"):
-        raise OpFailure(
-            "OpPrereqError", f"Instance's disk layout '{inst.disk_template}' does not allow migrations",
-            "wrong_input",
-        )  # fmt: skip
     if target:
         if target not in cluster.nodes:
             raise OpFailure("OpPrereqError", f"Node '{target}' not known", "unknown_entity")
-        if target == inst.pnode:
-            raise OpFailure(
-                "OpPrereqError", f"Instance {inst.name} is already on the node {target}", "wrong_input"
-            )
-    else:
-        others = [
-            n for n in cluster.nodes.values() if n.name != inst.pnode and not n.offline and not n.drained
-        ]
-        if not others:
-            iallocator = op.luxid.get("iallocator") or cluster.default_iallocator
+        op.resolve(target_node_uuid=cluster.nodes[str(target)].uuid)  # ExpandNames
+    cluster.start_running(job, op, instance_uuid=inst.uuid)
+    if inst.disk_template not in _EXT_MIRROR:
+        raise OpFailure(
+            "OpPrereqError",
+            f"Instance's disk layout '{inst.disk_template}' does not allow {'failovers' if failover else 'migrations'}",
+            "wrong_state",
+        )
+    if not target:
+        iallocator = op.luxid.get("iallocator") or cluster.default_iallocator
+        target = best_node(cluster, inst, [inst.pnode], {})
+        if target is None:
             raise OpFailure(
                 "OpPrereqError",
                 f"Can't compute nodes using iallocator '{iallocator}': Request failed: Can't find any good node: ",
                 "insufficient_resources",
             )
-        target = others[0].name
-    op.resolve(target_node=target, target_node_uuid=cluster.nodes[str(target)].uuid)
-    await cluster.work(job, op, [f"Migrating instance {inst.name}"], cluster.op_time(op))
+        cluster.log(
+            job, op, f" - INFO: Selected nodes for instance {inst.name} via iallocator {iallocator}: {target}"
+        )
+    if target == inst.pnode:
+        raise OpFailure(
+            "OpPrereqError", f"Cannot migrate instance {inst.name} to its primary ({target})", "wrong_state"
+        )
+    if not failover and not op.luxid.get("mode"):  # the hypervisor's migration_mode (fake: live)
+        op.resolve(mode="live")
+    what = f"Failover instance {inst.name}" if failover else f"Migrating instance {inst.name}"
+    await cluster.work(job, op, [what], cluster.op_time(op))
     if not op.luxid.get("dry_run"):
         inst.pnode = str(target)
         inst.touch()
@@ -72,12 +101,12 @@ async def _move(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
 
 @opcode("OP_INSTANCE_MIGRATE", locks=_move_locks)
 async def instance_migrate(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
-    await _move(cluster, job, op)
+    await _move(cluster, job, op, failover=False)
 
 
 @opcode("OP_INSTANCE_FAILOVER", locks=_move_locks)
 async def instance_failover(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
-    await _move(cluster, job, op)
+    await _move(cluster, job, op, failover=True)
 
 
 def _instance_only(cluster: FakeCluster, op: FakeOp) -> Needs:
@@ -107,6 +136,8 @@ async def instance_reinstall(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> 
     os_type = op.luxid.get("os_type")
     params = {key: op.luxid.get(key) or {} for key in ("osparams", "osparams_private", "osparams_secret")}
     cluster.start_running(job, op, instance_uuid=inst.uuid, os_type=os_type or inst.os, **params)
+    if not inst.disks:  # LUInstanceReinstall.CheckPrereq
+        raise OpFailure("OpPrereqError", f"Instance '{inst.name}' has no disks", "wrong_input")
     check_down(inst, "cannot reinstall")
     if os_type and str(os_type).split("+")[0] not in cluster.oses:
         raise OpFailure(

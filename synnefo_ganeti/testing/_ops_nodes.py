@@ -12,16 +12,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from synnefo_ganeti.errors import ConflictError, NotFoundError
 from synnefo_ganeti.testing import _opcodes
 from synnefo_ganeti.testing._cluster import OpFailure, free_capacity
+from synnefo_ganeti.testing._ops_moves import best_node
 from synnefo_ganeti.testing._registry import Needs, opcode
 
 if TYPE_CHECKING:
-    from synnefo_ganeti.testing._cluster import FakeNode
+    from synnefo_ganeti.testing._cluster import FakeInstance, FakeNode
     from synnefo_ganeti.testing._engine import FakeCluster
     from synnefo_ganeti.testing._jobs import FakeJob, FakeOp
 
-__all__: list[str] = []
+__all__ = ["master_failover"]
 
 _STORAGE_TYPES = ("file", "sharedfile", "lvm-pv", "lvm-vg", "diskless", "gluster", "rados", "ext")
 
@@ -81,6 +83,7 @@ async def node_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
                     setattr(node, "candidate" if other == "master_candidate" else other, False)
                     changes.append([other, "False"])
         changes.append([key, str(bool(value))])
+    node.ndparams.update(p.get("ndparams") or {})  # LUNodeSetParams.Exec: no line in the result
     if p.get("vm_capable") is not None:
         node.vm_capable = bool(p["vm_capable"])
         changes.append(["vm_capable", str(node.vm_capable)])
@@ -100,31 +103,46 @@ async def node_powercycle(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
     op.result = "Rebooting the fake node"
 
 
-def _children(
-    cluster: FakeCluster, job: FakeJob, node: FakeNode, mode: str | None, op_id: str
+def _submit_children(
+    cluster: FakeCluster, op: FakeOp, children: list[tuple[str, dict[str, Any]]]
 ) -> list[list[Any]]:
-    """One job per primary instance of ``node`` (``cmdlib.common.LoadNodeEvacResult``)."""
+    """One job per ``(OP_ID, params)``, as ``mcpu._ProcessResult`` submits a ``ResultWithJobs``:
+    each child op carries ``Submitted by OP_ID`` and the parent's reason trail, and no ``dry_run``;
+    the result is ``[[true, job id], ...]``."""
     ids = []
-    for inst in sorted(cluster.instances.values(), key=lambda i: i.name):
-        if inst.pnode == node.name:
-            params: dict[str, Any] = {"instance_name": inst.name}
-            if op_id == "OP_INSTANCE_MIGRATE" and mode:
-                params["mode"] = mode
-            ids.append(cluster.submit([(op_id, params)], resource="nodes_name_migrate"))
+    for op_id, params in children:
+        params = {"dry_run": None, "comment": f"Submitted by {op.op_id}"} | params
+        ids.append(
+            cluster.submit([(op_id, params)], resource="-", parent_reason=op.luxid.get("reason") or [])
+        )
     return [[True, job_id] for job_id in ids]
+
+
+def _primaries(cluster: FakeCluster, node: FakeNode) -> list[FakeInstance]:
+    """``_GetNodePrimaryInstances``: the node's primary instances, by name."""
+    return sorted((i for i in cluster.instances.values() if i.pnode == node.name), key=lambda i: i.name)
 
 
 @opcode("OP_NODE_MIGRATE", locks=_node_shared)
 async def node_migrate(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    """``LUNodeMigrate.Exec``: one ``OP_INSTANCE_MIGRATE`` job per primary instance, passing the
+    op's mode, live, iallocator, target node, runtime changes and ipolicy flags on."""
     node = node_of(cluster, op)
     cluster.start_running(job, op, node_uuid=node.uuid)
     await cluster.work(job, op, [], cluster.op_time(op))
-    mode = op.luxid.get("mode")
-    op.result = {"jobs": _children(cluster, job, node, str(mode) if mode else None, "OP_INSTANCE_MIGRATE")}
+    passed = ("mode", "live", "iallocator", "target_node", "allow_runtime_changes", "ignore_ipolicy")
+    params = {key: op.luxid.get(key) for key in passed if op.luxid.get(key) is not None}
+    children = [
+        ("OP_INSTANCE_MIGRATE", {"instance_name": i.name} | params) for i in _primaries(cluster, node)
+    ]
+    op.result = {"jobs": _submit_children(cluster, op, children)}
 
 
 @opcode("OP_NODE_EVACUATE", locks=_node_shared)
 async def node_evacuate(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    """``LUNodeEvacuate``: with an iallocator, the primaries move where it says, one
+    ``OP_INSTANCE_MIGRATE`` job each (hail's ``iMoveToJob`` for externally mirrored instances:
+    a target node, no runtime changes, failover allowed, hypervisor versions ignored)."""
     node = node_of(cluster, op)
     mode = op.luxid.get("mode")
     if not op.luxid.get("remote_node") and not op.luxid.get("iallocator"):  # CheckArguments: the default one
@@ -137,9 +155,32 @@ async def node_evacuate(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
             "wrong_input",
         )
     cluster.start_running(job, op, node_uuid=node.uuid)
+    instances = [] if mode == "secondary-only" else _primaries(cluster, node)
+    if instances:
+        cluster.log(job, op, f" - INFO: Evacuating instances from node '{node.name}': "
+                             f"{', '.join(i.name for i in instances)}")  # fmt: skip
+    else:
+        cluster.log(job, op, f" - INFO: No instances to evacuate from node '{node.name}'")
+    planned: dict[str, int] = {}
+    children: list[tuple[str, dict[str, Any]]] = []
+    for inst in instances:
+        target = best_node(cluster, inst, [node.name], planned)
+        if target is None:
+            raise OpFailure(
+                "OpPrereqError",
+                f"Can't compute node evacuation using iallocator '{op.luxid.get('iallocator')}': "
+                f"Request failed: no node has room for instance {inst.name}",
+                "insufficient_resources",
+            )
+        planned[target] = planned.get(target, 0) + inst.memory
+        children.append(("OP_INSTANCE_MIGRATE", {"instance_name": inst.name, "target_node": target,
+                                                  "allow_runtime_changes": False, "allow_failover": True,
+                                                  "ignore_hvversions": True}))  # fmt: skip
+    if children:
+        moves = ", ".join(f"{p['instance_name']} (to {p['target_node']})" for _, p in children)
+        cluster.log(job, op, f" - INFO: Instances to be moved: {moves}")
     await cluster.work(job, op, [], cluster.op_time(op))
-    jobs = [] if mode == "secondary-only" else _children(cluster, job, node, None, "OP_INSTANCE_FAILOVER")
-    op.result = {"jobs": jobs}
+    op.result = {"jobs": _submit_children(cluster, op, children)}
 
 
 def _storage_type(op: FakeOp) -> str:
@@ -201,3 +242,30 @@ async def cluster_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> 
     cluster.model.cluster_params.update(changes)
     if isinstance(changes.get("max_running_jobs"), int):
         cluster.max_running_jobs = int(changes["max_running_jobs"])
+
+
+def master_failover(cluster: FakeCluster, name: str) -> None:
+    """``gnt-cluster master-failover`` run on node ``name`` (``bootstrap.MasterFailover``; no job,
+    no RAPI call): the node must be a master candidate other than the master; the old master
+    stays a master candidate. Ganeti's refusals raise :class:`ConflictError` (the node is already
+    the master, or not a candidate) or :class:`NotFoundError` (no such node)."""
+    node = cluster.nodes.get(name)
+    if node is None:
+        raise NotFoundError(
+            f"no node {name!r} in the fake cluster; its nodes: {', '.join(sorted(cluster.nodes))}"
+        )
+    old = next(n for n in cluster.nodes.values() if n.master)
+    if node is old:
+        raise ConflictError(
+            "This commands must be run on the node where you want the new master to be."
+            f" {name} is already the master"
+        )
+    if not node.candidate or node.offline or node.drained:
+        raise ConflictError(
+            f"{name} is not among the nodes marked as master candidates; only these can become"
+            " masters: make it one first (set_node_role(..., 'master-candidate'))"
+        )
+    old.master, old.candidate = False, True
+    node.master = True
+    old.serial_no += 1
+    node.serial_no += 1

@@ -5,6 +5,13 @@ network, filter, lock, export) take their field definitions from the ones record
 Ganeti 3.0 (data/query_fields.json) and their values from the fake's RAPI views; a field
 Ganeti knows but the fake does not compute is ``RS_NODATA`` (2) with ``null``.
 
+Instances: the fields the reconciler asks for (and ``be/NAME``, each filled backend
+parameter, as ``query._GetInstanceParameterFields``) are computed from the instance alone,
+not from its whole bulk view: a query of a few fields over thousands of instances costs the
+fake what it costs Ganeti, a little per field. ``beparams`` is the filled parameters
+(``ctx.inst_beparams``), without the ``memory`` that only ``GET /2/instances`` adds
+(``rlib2._UpdateBeparams``).
+
 The answer is ``objects.QueryResponse.ToDict()`` (``rapi/rlib2.py`` ``R_2_query``): the
 field definitions (``name``, ``title``, ``kind``, ``doc`` from ``query._BuildJobFields``)
 and, per job in id order, each field as ``[status, value]`` (``RS_NORMAL`` 0; an unknown
@@ -24,6 +31,7 @@ from synnefo_ganeti.testing import _opcodes
 from synnefo_ganeti.testing._views import filter_view, group_view, network_view
 
 if TYPE_CHECKING:
+    from synnefo_ganeti.testing._cluster import FakeInstance
     from synnefo_ganeti.testing._engine import FakeCluster
     from synnefo_ganeti.testing._jobs import FakeJob
 
@@ -99,10 +107,86 @@ def query_fields(resource: str, fields: list[str] | None) -> dict[str, Any]:
     return {"fields": [_definition(resource, name) for name in fields]}
 
 
+_InstGetter = Callable[["FakeInstance", str], Any]
+
+
+def _be_param(name: str) -> _InstGetter:
+    return lambda inst, _: inst.beparams.get(name) if name != "memory" else None
+
+
+def _status(inst: FakeInstance) -> str:
+    """``status`` as ``instance_view`` (``query._GetInstStatus`` for a node that answers)."""
+    if inst.admin_state == "up":
+        return "running" if inst.oper_state else "ERROR_down"
+    return "ERROR_up" if inst.oper_state else "ADMIN_down"
+
+
+#: ``constants.BES_PARAMETER_COMPAT``: ``be/memory`` is served too (the filled parameters
+#: have no ``memory``: ``null``, as ``_GetInstBeParam`` gives)
+_BE_FIELDS = ("always_failover", "auto_balance", "maxmem", "memory", "minmem", "spindle_use", "vcpus")
+#: instance fields computed from the instance alone; each equals its key in ``instance_view``
+#: (tests/unit/test_reconcile_query.py checks it)
+_INSTANCE_FIELDS: dict[str, _InstGetter] = {
+    "name": lambda i, _: i.name,
+    "admin_state": lambda i, _: i.admin_state,
+    "oper_state": lambda i, _: i.oper_state,
+    "status": lambda i, _: _status(i),
+    "os": lambda i, _: i.os,
+    "pnode": lambda i, _: i.pnode,
+    "disk_template": lambda i, _: i.disk_template,
+    "tags": lambda i, _: list(i.tags),
+    "nic.macs": lambda i, _: [nic["mac"] for nic in i.nics],
+    "nic.ips": lambda i, _: [nic.get("ip") for nic in i.nics],
+    "nic.modes": lambda i, _: [nic.get("mode", "bridged") for nic in i.nics],
+    "nic.links": lambda i, link: [nic.get("link", link) for nic in i.nics],
+    "nic.networks": lambda i, _: [nic.get("network_uuid", nic.get("network")) for nic in i.nics],
+    "nic.networks.names": lambda i, _: [nic.get("network") for nic in i.nics],
+    "disk.sizes": lambda i, _: [int(d["size"]) for d in i.disks],
+    "disk.uuids": lambda i, _: [d["uuid"] for d in i.disks],
+    "beparams": lambda i, _: {k: v for k, v in i.beparams.items() if k != "memory"},
+    "uuid": lambda i, _: i.uuid,
+    "serial_no": lambda i, _: i.serial_no,
+} | {f"be/{name}": _be_param(name) for name in _BE_FIELDS}
+
+
+def _instance_data(cluster: FakeCluster, fields: list[str], qfilter: Any) -> list[list[list[Any]]] | None:
+    """The rows of an instance query from ``_INSTANCE_FIELDS``; None when a field needs the whole view."""
+    if any(name not in _INSTANCE_FIELDS for name in fields) or (
+        qfilter and any(name not in _INSTANCE_FIELDS for name in _filter_fields(qfilter))
+    ):
+        return None
+    link = cluster.link
+    getters = [_INSTANCE_FIELDS[name] for name in fields]
+    data = []
+    for inst in sorted(cluster.instances.values(), key=lambda i: i.name):
+        if qfilter and not _matches(
+            {name: _INSTANCE_FIELDS[name](inst, link) for name in _filter_fields(qfilter)}, qfilter
+        ):
+            continue
+        data.append([[0, get(inst, link)] for get in getters])
+    return data
+
+
+def _filter_fields(qfilter: Any) -> set[str]:
+    """The field names a ``qlang`` filter reads."""
+    if not isinstance(qfilter, list) or not qfilter:
+        return set()
+    op, *args = qfilter
+    if op in ("&", "|", "!"):
+        return set().union(*(_filter_fields(arg) for arg in args))
+    return {args[0]} if args and isinstance(args[0], str) else set()
+
+
 def _rows(cluster: FakeCluster, resource: str) -> list[dict[str, Any]]:
     model = cluster.model
     if resource == "instance":
-        return cluster.instance_views()
+        # the bulk view, with what only the query serves (be/NAME) and its own beparams
+        link = cluster.link
+        insts = sorted(cluster.instances.values(), key=lambda i: i.name)
+        return [
+            view | {name: get(inst, link) for name, get in _INSTANCE_FIELDS.items() if name not in view or name == "beparams"}
+            for view, inst in zip(cluster.instance_views(), insts, strict=True)
+        ]  # fmt: skip
     if resource == "node":
         return sorted(cluster.node_views(), key=lambda v: str(v["name"]))
     if resource == "group":
@@ -156,9 +240,13 @@ def query(cluster: FakeCluster, resource: str, fields: list[str], qfilter: Any =
             answer["data"] = [row for row, wanted in zip(answer["data"], keep, strict=True) if wanted]
         return answer
     known = {item["name"] for item in _DEFS[resource]}
+    defs = [_definition(resource, name) for name in fields]
+    fast = _instance_data(cluster, fields, qfilter) if resource == "instance" else None
+    if fast is not None:
+        return {"fields": defs, "data": fast}
     data = [
         [[0, row[name]] if name in row else [2, None] if name in known else [1, None] for name in fields]
         for row in _rows(cluster, resource)
         if _matches(row, qfilter)
     ]
-    return {"fields": [_definition(resource, name) for name in fields], "data": data}
+    return {"fields": defs, "data": data}

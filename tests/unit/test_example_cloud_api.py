@@ -210,3 +210,97 @@ async def stream(client: TestClient[Any, Any], since: int, *, until: Any) -> lis
     finally:
         response.close()
     raise AssertionError(f"the event stream ended after {len(got)} changes")
+
+
+async def test_the_example_console_resize_and_attach_detach(tmp_path: Path, db_url: str) -> None:
+    """The operations endpoints on the RAPI-followed backend: console, resize, grow, NICs, volumes."""
+    async with cloud(tmp_path, db_url) as client:
+        body = body_of("vol1.example", backend="rapi", disk=1, disk_template="file")
+        created = await call(client, "POST", "/servers", 202, json=body)
+        server = await server_until(client, created["request_id"], "ACTIVE")
+        sid = server["id"]
+        console = (await call(client, "GET", f"/servers/{sid}/console", 200))["console"]
+        assert console["instance"] == "vol1.example" and console["kind"]
+
+        resized = await call(
+            client, "POST", f"/servers/{sid}/action", 202, json={"action": "resize", "memory": 512}
+        )
+        assert isinstance(resized["job_id"], int) and resized["server"]["task"] in ("resize", None)
+        assert (await server_until(client, sid, "ACTIVE"))["memory"] == 512
+        bad = await call(
+            client, "POST", f"/servers/{sid}/action", 400, json={"action": "resize", "memory": -1}
+        )
+        assert bad["error"] == "ValidationError" and bad["field"] == "memory"
+        await call(client, "POST", f"/servers/{sid}/action", 202, json={"action": "grow_disk", "amount": 1})
+        assert (await server_until(client, sid, "ACTIVE"))["disks"][0]["size"] == 2048
+
+        await call(client, "POST", f"/servers/{sid}/nics", 202, json={})
+        with_nic = await server_until(client, sid, "ACTIVE")
+        assert len(with_nic["nics"]) == 2
+        await call(client, "DELETE", f"/servers/{sid}/nics/1", 202)
+        assert len((await server_until(client, sid, "ACTIVE"))["nics"]) == 1
+        assert (await call(client, "DELETE", f"/servers/{sid}/nics/x", 400))["error"] == "InvalidError"
+
+        await call(client, "POST", f"/servers/{sid}/volumes", 202, json={"size": 1})
+        with_volume = await server_until(client, sid, "ACTIVE")
+        assert [disk["size"] for disk in with_volume["disks"]] == [2048, 1024]
+        # Ganeti removes a volume of a running server only with hotplug: the job fails, last_error says it
+        await call(client, "DELETE", f"/servers/{sid}/volumes/1", 202)
+        refused = await server_until(client, sid, "ACTIVE")
+        assert refused["last_error"]["action"] == "detach_disk" and len(refused["disks"]) == 2
+        await call(client, "POST", f"/servers/{sid}/action", 202, json={"action": "stop"})
+        await server_until(client, sid, "STOPPED")
+        not_running = await call(client, "GET", f"/servers/{sid}/console", 409)
+        assert not_running["error"] == "ConflictError"
+        await call(client, "DELETE", f"/servers/{sid}/volumes/1", 202)
+        detached = await server_until(client, sid, "STOPPED")
+        assert [disk["size"] for disk in detached["disks"]] == [2048] and detached["last_error"] is None
+
+        offers = await call(client, "GET", "/backends/rapi", 200)
+        assert offers["backend"] == "rapi" and "file" in offers["disk_templates"] and offers["nodes"]
+        assert (await call(client, "GET", "/backends/nope", 400))["error"] == "ConfigError"
+
+
+async def test_the_example_networks_and_pool_addresses(tmp_path: Path, db_url: str) -> None:
+    """A network on both backends, a server on it gets an address from the pool, the network cannot
+    go while the server uses it, and goes once the server is deleted."""
+    async with cloud(tmp_path, db_url) as client:
+        bad = await call(client, "POST", "/networks", 400, json={"name": "blue", "subnet": "10.7.0.0/99"})
+        assert bad["error"] == "ValidationError" and bad["field"] == "subnet"
+        made = await call(
+            client,
+            "POST",
+            "/networks",
+            201,
+            json={"name": "blue", "subnet": "10.7.0.0/29", "gateway": "10.7.0.1"},
+        )
+        network = made["network"]
+        assert network["status"] == "active" and set(network["backends"]) == {"watched", "rapi"}
+        assert (await call(client, "POST", "/networks", 409, json={"name": "blue", "subnet": "10.8.0.0/29"}))[
+            "error"
+        ] == "ConflictError"
+        listed = await call(client, "GET", "/networks", 200)
+        assert [item["name"] for item in listed["networks"]] == ["blue"]
+
+        body = body_of("net1.example", backend="rapi", networks=["blue"])
+        created = await call(client, "POST", "/servers", 202, json=body)
+
+        async def addressed() -> dict[str, Any] | None:
+            server: dict[str, Any] = await call(client, "GET", f"/servers/{created['request_id']}", 200)
+            nics = server.get("nics") or []
+            # the dispatcher stores what Ganeti gave (the address) once the create ended
+            ready = server["status"] == "ACTIVE" and nics and nics[0].get("ip") not in (None, "pool")
+            return server if ready else None
+
+        server = await eventually(addressed, timeout=30, what="net1.example ACTIVE with its pool address")
+        nic = server["nics"][0]
+        assert nic["network"] == "blue" and nic["ip"] in {f"10.7.0.{i}" for i in range(2, 7)}
+
+        in_use = await call(client, "DELETE", "/networks/blue", 409)
+        assert in_use["error"] == "ConflictError" and "net1.example" in in_use["message"]
+        await call(client, "DELETE", f"/servers/{server['id']}", 202)
+        await server_until(client, server["id"], "DELETED")
+        response = await client.request("DELETE", "/networks/blue")
+        assert response.status == 204
+        assert (await call(client, "GET", "/networks", 200))["networks"] == []
+        assert (await call(client, "DELETE", "/networks/blue", 404))["error"] == "NotFoundError"

@@ -222,6 +222,9 @@ async def test_multi_alloc_matches_job_1528(fake) -> None:
         final = recorder.final(child)
         assert final["ops"][0]["input"]["comment"] == "Submitted by OP_INSTANCE_MULTI_ALLOC"
         final["ops"][0]["input"]["comment"] = None  # a plain create (job 11) has none
+        # nor a dry_run of its own (mcpu._SetBaseOpParams; real GET /2/jobs of such a child has none)
+        assert final["ops"][0]["input"]["dry_run"] is None
+        final["ops"][0]["input"]["dry_run"] = False
         assert_same_shape(fixture("job-11.op_instance_create.success.json"), final, "child")
     assert sorted(fake.cluster.instances) == ["ma-1.fake.test", "ma-2.fake.test"]
 

@@ -12,13 +12,13 @@ import synnefo_ganeti.rapi
 def test_top_level_exports_are_pinned() -> None:
     assert sorted(synnefo_ganeti.__all__) == sorted(
         [
-            "FINAL_STATUSES", "AuthenticationError", "BadRequestError", "CancelResult", "Change", "ClusterInfo",
+            "FINAL_STATUSES", "AuthenticationError", "BackendCatalog", "BadRequestError", "CancelResult", "Change", "ClusterInfo",
             "ConfigError", "ConflictError", "ControlPlane", "CreateOutcomeUnknownError", "CreateProgress",
-            "GanetiError", "Instance", "InstanceSpec", "InstanceStatus", "InvalidError", "Job", "JobFailedError",
+            "GanetiError", "Instance", "InstanceConsole", "InstanceSpec", "InstanceStatus", "InvalidError", "Job", "JobFailedError",
             "JobFailure", "JobFileError", "JobNotFoundError", "JobStatus", "LogEntry", "NoCapacityError", "Node",
             "NotFoundError", "RapiClient", "RapiConnectionError", "RapiError", "RapiNotFoundError",
             "RapiTimeoutError", "RebootType", "Request", "RequestNotHeldError", "RequestStatus",
-            "RequestTimeoutError", "RetryPolicy", "Settings", "StoreError", "StoredInstance", "TLSError",
+            "RequestTimeoutError", "RetryPolicy", "Settings", "StoreError", "StoredInstance", "StoredNetwork", "NetworkState", "TLSError",
             "Timestamp", "TransportError", "UnavailableError", "ValidationError", "__version__", "calc_job_status",
         ]
     )  # fmt: skip

@@ -279,7 +279,7 @@ async def test_dead_and_slow_backends_do_not_stop_the_others(db_url: str) -> Non
     assert "Traceback" not in (by_name["dead"].error or "")
     assert elapsed < 2.9  # the slow backend was cut at its timeout
     assert report.to_json()["backends"][2] == {
-        "name": "dead", "ok": False, "error": by_name["dead"].error, "drifts": [],
+        "name": "dead", "ok": False, "error": by_name["dead"].error, "drifts": [], "networks": [],
     }  # fmt: skip
 
 
@@ -334,7 +334,7 @@ async def test_cli_reconcile_json_and_exit_codes(db_url: str, tmp_path: Path) ->
         clean = await cli("reconcile", "--config", str(config), "--json")
         assert clean.exit_code == 0, clean.output
         assert json.loads(clean.stdout) == {
-            "backends": [{"name": B, "ok": True, "error": None, "drifts": []}]
+            "backends": [{"name": B, "ok": True, "error": None, "drifts": [], "networks": []}]
         }
 
         await store.add_instance(B, "sg-gone", status=InstanceStatus.STARTED)

@@ -26,6 +26,8 @@ TABLES = {
     "requests",
     "changes",
     "feed_cursors",
+    "networks",
+    "network_backends",
 }
 
 
