@@ -22,7 +22,7 @@ import tempfile
 import time
 
 UNIT = [sys.executable, "-m", "pytest", "-m", "not ganeti and not ganeti3", "-n", "4"]
-REAL = [sys.executable, "-m", "pytest", "-m", "ganeti or ganeti3", "tests/integration"]
+REAL = [sys.executable, "-m", "pytest", "-m", "ganeti or ganeti3", "tests/integration", "--durations=15"]
 
 
 def _say(message: str) -> None:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from synnefo_ganeti.errors import RapiError
+from synnefo_ganeti.errors import RapiError, RapiNotFoundError
 from synnefo_ganeti.rapi._base import RapiBase, query_args
 from synnefo_ganeti.rapi._models import ClusterInfo, FilterRule
 
@@ -32,9 +32,13 @@ class ClusterApi(RapiBase):
         return self._parse(ClusterInfo, await self._get("/2/info"), "GET /2/info")
 
     async def features(self) -> list[str]:
-        """The RAPI features (``GET /2/features``), asked once per client."""
+        """The RAPI features (``GET /2/features``), asked once per client; a server too old to
+        have the resource (404) has none, as Ganeti's own client says."""
         if self._features is None:
-            answer = await self._get("/2/features")
+            try:
+                answer = await self._get("/2/features")
+            except RapiNotFoundError:
+                answer = []
             self._features = [str(item) for item in answer]
         return list(self._features)
 

@@ -155,6 +155,24 @@ async def test_operations_on_the_testbed(testbed, db_url) -> None:
         jobs = await cp.store.instance_jobs(BACKEND, filed)
         assert (jobs[-1]["action"], jobs[-1]["result"]) == ("reinstall", "success")
 
+        # attach a disk to the running file instance; detach it once stopped (Ganeti removes a
+        # running instance's disk only with hotplug: instance_set_params.py, DDM_REMOVE)
+        await cp.attach_disk(two.id, size=1024)  # the testbed's policy: disks of 1 GiB or more
+        with_disk = await until(
+            cp,
+            two.id,
+            "the new disk and its uuid (the observer's, after the end) stored",
+            lambda i: (
+                [(d.get("size"), bool(d.get("uuid"))) for d in i.disks or []] == [(1536, True), (1024, True)]
+            ),
+        )
+        assert [d["uuid"] for d in with_disk.disks or []] == (await rapi.get_instance(filed)).disk_uuids
+        await cp.shutdown_instance(two.id)
+        await until(cp, two.id, "the file instance STOPPED", is_(InstanceStatus.STOPPED))
+        await cp.detach_disk(two.id, index=1)
+        await until(cp, two.id, "the disk detached", lambda i: len(i.disks or []) == 1)
+        assert (await rapi.get_instance(filed)).disk_sizes == [1536]
+
         # rename: stopped first (Ganeti renames stopped instances only); the id stays
         await cp.shutdown_instance(one.id)
         await until(cp, one.id, "STOPPED", is_(InstanceStatus.STOPPED))

@@ -224,3 +224,16 @@ def test_a_real_query_answer_reads_as_rows() -> None:
     assert result.rows == [{"name": "fx-a.ganeti.test", "status": "running"}]
     console = InstanceConsole.model_validate(rapi_fixture("instance_console.json"))
     assert console.kind == "msg" and console.host is None
+
+
+async def test_features_of_a_server_without_the_resource_are_none() -> None:
+    """Ganeti's client: ``GetFeatures`` answers [] when the server has no /2/features (404)."""
+
+    async def missing(_request: web.Request) -> web.Response:
+        return ganeti_error(404, "Not Found")
+
+    async with StubRapi() as stub, stub_client(stub.url) as rapi:
+        stub.route("GET", "/2/features", missing)
+        assert await rapi.features() == []
+        assert await rapi.features() == []  # asked once per client
+    assert [seen.path for seen in stub.seen] == ["/2/features"]
