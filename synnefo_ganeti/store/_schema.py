@@ -168,6 +168,16 @@ class InstanceJob(Base):
     """
 
     __tablename__ = "instance_jobs"
+    __table_args__ = (
+        # the jobs in flight, which every follower of recorded jobs asks for (migration 0007)
+        Index(
+            "ix_instance_jobs_unapplied",
+            "backend_id",
+            "job_id",
+            postgresql_where=text("applied_at IS NULL"),
+            sqlite_where=text("applied_at IS NULL"),
+        ),
+    )
 
     backend_id: Mapped[int] = mapped_column(ForeignKey("backends.id", ondelete="CASCADE"), primary_key=True)
     job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)

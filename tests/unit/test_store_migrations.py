@@ -232,3 +232,34 @@ async def test_0005_downgrade_keeps_one_row_per_name(db_url: str, engine: AsyncE
         (expected[0], "vm1", "BUILD"),
         (expected[1], "vm2", "DESTROYED"),
     ]
+
+
+async def test_0007_indexes_only_the_jobs_whose_end_is_not_applied(db_url: str, engine: AsyncEngine) -> None:
+    """The followers of recorded jobs ask for ``applied_at IS NULL``: a partial index answers it
+    (SQLite's plan searches it rather than scanning the table); 0006 has no such index."""
+    from sqlalchemy import text
+
+    await upgrade(engine)
+
+    def indexes(connection: Connection) -> dict[str, Any]:
+        return {ix["name"]: ix for ix in inspect(connection).get_indexes("instance_jobs")}
+
+    found = (await _run(engine, indexes))["ix_instance_jobs_unapplied"]
+    assert found["column_names"] == ["backend_id", "job_id"]
+    if engine.dialect.name == "sqlite":
+
+        def plan(connection: Connection) -> str:
+            query = "EXPLAIN QUERY PLAN SELECT job_id FROM instance_jobs WHERE backend_id = 1 AND applied_at IS NULL"
+            return " ".join(str(row[-1]) for row in connection.execute(text(query)))
+
+        used = await _run(engine, plan)
+        assert "SEARCH instance_jobs USING" in used and "ix_instance_jobs_unapplied" in used, used
+    else:
+
+        def definition(connection: Connection) -> str:
+            query = "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_instance_jobs_unapplied'"
+            return str(connection.execute(text(query)).scalar_one())
+
+        assert "WHERE (applied_at IS NULL)" in await _run(engine, definition)
+    await _run(engine, _command, "downgrade", "0006")
+    assert "ix_instance_jobs_unapplied" not in await _run(engine, indexes)
