@@ -94,6 +94,17 @@ class StoredNetwork:
         return self.backends.get(backend)
 
 
+#: a backend's row before its first job: pending, connected to nothing yet
+_NEW_ROW: dict[str, Any] = {
+    "state": NetworkState.PENDING.value,
+    "groups": [],
+    "want_groups": None,
+    "link": None,
+    "job_id": None,
+    "error": None,
+}
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -217,17 +228,7 @@ class NetworkStore:
                 conn.execute(
                     insert(network_backends_t),
                     [
-                        {
-                            "network_id": network_id,
-                            "backend_id": backend_id,
-                            "state": NetworkState.PENDING.value,
-                            "groups": [],
-                            "want_groups": None,
-                            "link": None,
-                            "job_id": None,
-                            "error": None,
-                            "updated_at": now,
-                        }
+                        {"network_id": network_id, "backend_id": backend_id, "updated_at": now} | _NEW_ROW
                         for backend_id in ids.values()
                     ],
                 )
@@ -274,14 +275,7 @@ class NetworkStore:
                 update(network_backends_t).where(where).values(updated_at=now, **values)
             ).rowcount:
                 return
-            row = {
-                "state": NetworkState.PENDING.value,
-                "groups": [],
-                "want_groups": None,
-                "link": None,
-                "job_id": None,
-                "error": None,
-            } | values
+            row = _NEW_ROW | values
             conn.execute(
                 insert(network_backends_t).values(
                     network_id=network_id, backend_id=backend_id, updated_at=now, **row

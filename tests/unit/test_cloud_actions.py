@@ -41,12 +41,20 @@ def settings_for(fake: FakeGaneti, db_url: str) -> Settings:
 
 @asynccontextmanager
 async def plane(
-    tmp_path: Path, db_url: str, *, watch: bool = True, **op_times: float
+    tmp_path: Path,
+    db_url: str,
+    *,
+    watch: bool = True,
+    quick: dict[str, float] = QUICK,
+    fake_options: dict[str, Any] | None = None,
+    **op_times: float,
 ) -> AsyncIterator[tuple[FakeGaneti, ControlPlane]]:
-    """A fake Ganeti writing its queue, the watcher storing it (unless not ``watch``), a ControlPlane."""
+    """A fake Ganeti writing its queue (ops ``quick`` unless ``op_times`` says otherwise; more of its
+    options in ``fake_options``), the watcher storing it (unless not ``watch``), a ControlPlane."""
     queue = tmp_path / "queue"
+    options = {"op_times": {**quick, **op_times}} | (fake_options or {})
     async with (
-        FakeGaneti(tls=False, queue_dir=queue, op_times={**QUICK, **op_times}) as fake,
+        FakeGaneti(tls=False, queue_dir=queue, **options) as fake,
         Store(db_url) as store,
         ControlPlane(settings_for(fake, db_url), store=store) as cp,
     ):

@@ -23,6 +23,7 @@ from synnefo_ganeti.testing import FakeGaneti
 from synnefo_ganeti.watch import QueueWatcher
 from tests import helpers
 from tests.helpers import eventually
+from tests.unit.test_cloud_actions import settled
 
 QUICK = {"OP_INSTANCE_CREATE": 0.02, "OP_INSTANCE_REMOVE": 0.01, "OP_NETWORK_ADD": 0.01,
          "OP_NETWORK_CONNECT": 0.01, "OP_NETWORK_DISCONNECT": 0.01, "OP_NETWORK_REMOVE": 0.01,
@@ -76,16 +77,6 @@ async def plane(
     finally:
         for fake in reversed(fakes):
             await fake.__aexit__(None, None, None)
-
-
-async def settled(cp: ControlPlane, name: str, status: InstanceStatus) -> StoredInstance:
-    async def reached() -> StoredInstance | None:
-        instance = await cp.get_instance(name, backend="f1")
-        ok = instance is not None and instance.status is status and instance.task is None
-        return instance if ok else None
-
-    found: StoredInstance = await eventually(reached, what=f"{name} to be {status.value} with no task")
-    return found
 
 
 async def observed(cp: ControlPlane, name: str) -> StoredInstance:

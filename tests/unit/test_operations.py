@@ -4,22 +4,18 @@ it, a conflict while another action runs, ``last_error`` when the job fails."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from synnefo_ganeti import ConflictError, ControlPlane, NotFoundError, ValidationError
-from synnefo_ganeti.config import Settings
-from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
-from synnefo_ganeti.testing import FakeGaneti
-from synnefo_ganeti.watch import QueueWatcher
+from synnefo_ganeti.store import InstanceStatus, StoredInstance
 from tests import helpers
 from tests.helpers import eventually
+from tests.unit.test_cloud_actions import plane as cloud_plane
 
 QUICK = {op: 0.01 for op in (
     "OP_INSTANCE_CREATE", "OP_INSTANCE_REMOVE", "OP_INSTANCE_SHUTDOWN", "OP_INSTANCE_STARTUP",
@@ -37,29 +33,10 @@ def file_spec(name: str, **kwargs: Any) -> Any:
     return spec(name, disk_template="file", disks=[{"size": 1024}], **kwargs)
 
 
-@asynccontextmanager
-async def plane(
-    tmp_path: Path, db_url: str, **op_times: float
-) -> AsyncIterator[tuple[FakeGaneti, ControlPlane]]:
-    """A fake Ganeti writing its queue (OSes with variants), the watcher storing it, a ControlPlane."""
-    queue = tmp_path / "queue"
-    async with (
-        FakeGaneti(tls=False, queue_dir=queue, op_times={**QUICK, **op_times}, oses=OSES) as fake,
-        Store(db_url) as store,
-    ):
-        settings = Settings(
-            database={"url": db_url},
-            backends=[{"name": "f1", "url": fake.url, "username": fake.username, "password": fake.password}],
-        )
-        async with ControlPlane(settings, store=store) as cp:
-            watcher = QueueWatcher(queue, store, "f1")
-            task = asyncio.create_task(watcher.run())
-            await watcher.ready.wait()
-            try:
-                yield fake, cp
-            finally:
-                watcher.stop()
-                await task
+def plane(tmp_path: Path, db_url: str, **op_times: float) -> AbstractAsyncContextManager[Any]:
+    """test_cloud_actions' world (a fake writing its queue, the watcher, a ControlPlane) with this
+    module's quick ops and OSes."""
+    return cloud_plane(tmp_path, db_url, quick=QUICK, fake_options={"oses": OSES}, **op_times)
 
 
 async def settled(cp: ControlPlane, instance_id: str, status: InstanceStatus | None = None) -> StoredInstance:
