@@ -83,7 +83,10 @@ def creates(*fakes_: FakeGaneti, name: str | None = None) -> int:
 
 
 async def test_requests_succeed_and_spread_by_capacity(db_url: str) -> None:
-    async with fakes(1, nodes=1) as (small,), fakes(1, nodes=3) as (big,):
+    # creates long enough (0.3 s) that a node's lock, not the machine's load, sets each backend's pace:
+    # with 0.02 s creates the time the dispatcher learned was noise under CI's load (13 small, 11 big once)
+    slow = QUICK | {"OP_INSTANCE_CREATE": 0.3}
+    async with fakes(1, nodes=1, op_times=slow) as (small,), fakes(1, nodes=3, op_times=slow) as (big,):
         settings = settings_for(db_url, [backend("small", small), backend("big", big)])
         async with Store(db_url) as store, ControlPlane(settings, store=store) as cp:
             async with running(Dispatcher(settings, store=store, status_server=False)) as d:

@@ -204,11 +204,23 @@ async def cancel_a_queued_create(
 ) -> tuple[Request, Request]:
     """Two requests on a backend running one job at a time; the second, queued, canceled.
     Returns (the request as cancel_request returned it, as it stands once its job's end is stored)."""
+    # the first create's disks wait for the test's word: the second stays queued however slowly the
+    # test runs (a 1 s create ended under CI's load before the second was seen queued)
+    gate = asyncio.Event()
+    work = fake.cluster.work
+
+    async def gated(job: Any, op: Any, messages: list[str], seconds: float) -> None:
+        if op.op_id == "OP_INSTANCE_CREATE" and op.luxid.get("instance_name") == "first.example":
+            await gate.wait()
+        await work(job, op, messages, seconds)
+
+    fake.cluster.work = gated  # type: ignore[method-assign]
     async with running(Dispatcher(settings, store=store, status_server=False)):
         first = await submitted(cp, await cp.request_instance(spec("first.example")))
         second = await submitted(cp, await cp.request_instance(spec("second.example")))
         assert second.job_id is not None and fake.cluster.jobs[second.job_id].status is JobStatus.QUEUED
         canceled = await cp.cancel_request(second.id)
+        gate.set()
         assert (await finished(cp, first.id)).status is RequestStatus.SUCCEEDED
 
         async def settled() -> bool:
