@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synnefo_ganeti.errors import ConfigError, StoreError
@@ -70,17 +71,25 @@ class DispatcherLock:
         self._file = _lock_file(database, self.id)
 
     async def _locked_connection(self) -> AsyncConnection:
-        conn = await self.store.engine.connect()
-        try:
-            await conn.execute(
-                text("SELECT pg_advisory_lock(hashtext(current_database()), :k)"),
-                {"k": _key(f"dispatcher:{self.id}")},
-            )
-            await conn.commit()
-        except Exception:
-            await conn.close()
-            raise
-        return conn
+        for attempt in (1, 2):
+            conn = await self.store.engine.connect()
+            try:
+                await conn.execute(
+                    text("SELECT pg_advisory_lock(hashtext(current_database()), :k)"),
+                    {"k": _key(f"dispatcher:{self.id}")},
+                )
+                await conn.commit()
+            except DBAPIError as exc:
+                await conn.close()
+                # a pooled connection the server dropped (the pool does not ping): once more
+                if attempt == 1 and exc.connection_invalidated:
+                    continue
+                raise
+            except Exception:
+                await conn.close()
+                raise
+            return conn
+        raise AssertionError("unreachable")
 
     async def check(self) -> bool:
         """True while the lock's session lives; else it is taken again on a new connection and

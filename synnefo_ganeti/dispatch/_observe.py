@@ -4,13 +4,12 @@ Design. The writer tells its ``on_commit`` listeners which job versions it store
 observer's listener runs inside the writer task, so it only notes (backend, instance
 name) for each op that succeeded and changes an instance's NICs, disks, memory, vCPUs,
 OS or node (a create, a modify, a migration ...) and wakes the observer's own task. That
-task, a root task of the dispatcher, takes everything noted so far, asks each backend
-(``GET /2/instances/NAME``, at most ``concurrency`` at once; one
-``GET /2/instances?bulk=1`` when more than ``bulk_over`` instances of a backend are due,
-as after a burst of creates) and stores the answers in one writer call per backend
-(:func:`~synnefo_ganeti.store.record_observed`: only rows whose values differ). So the
-writer never waits for Ganeti, and a burst of job ends costs a few requests, not one
-each.
+task, a root task of the dispatcher, takes everything noted so far, asks each backend once
+for those instances (``PUT /2/query/instance`` with a filter on their names and only the
+fields compared, as the reconciler asks; one request however many are due) and stores the
+answers in one writer call per backend (:func:`~synnefo_ganeti.store.record_observed`:
+only rows whose values differ). So the writer never waits for Ganeti, and a burst of job
+ends costs a request per pass, not one per instance.
 
 An answer that cannot be had (the backend is down, the instance is gone) is logged and
 dropped: the next reconcile pass reads every instance and stores the same values.
@@ -23,9 +22,10 @@ import logging
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-from synnefo_ganeti.errors import GanetiError, NotFoundError
+from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.jobs import JobStatus
-from synnefo_ganeti.rapi import Instance, RapiClient
+from synnefo_ganeti.rapi import RapiClient
+from synnefo_ganeti.reconcile._fetch import query_instances
 from synnefo_ganeti.reconcile._observe import observed_values
 from synnefo_ganeti.store import CommitInfo, Store, record_observed
 
@@ -56,18 +56,9 @@ class Observer:
     cancelled.
     """
 
-    def __init__(
-        self,
-        store: Store,
-        client: Callable[[str], Awaitable[RapiClient]],
-        *,
-        concurrency: int = 8,
-        bulk_over: int = 20,
-    ) -> None:
+    def __init__(self, store: Store, client: Callable[[str], Awaitable[RapiClient]]) -> None:
         self.store = store
         self._client = client
-        self._slots = asyncio.Semaphore(max(1, concurrency))
-        self.bulk_over = bulk_over
         self._due: dict[str, set[str]] = {}
         self._wake = asyncio.Event()
         #: rows that took Ganeti's values, answers that could not be had
@@ -116,13 +107,13 @@ class Observer:
     async def _backend(self, backend: str, names: set[str]) -> int:
         try:
             client = await self._client(backend)
-            if len(names) > self.bulk_over:
-                answers = [i for i in await client.list_instances() if i.name in names]
-            else:
-                found = await asyncio.gather(*(self._one(client, name) for name in sorted(names)))
-                answers = [instance for instance in found if instance is not None]
-            self.missed += len(names) - len(answers)
-            observed: dict[str, dict[str, Any]] = {i.name: observed_values(i) for i in answers}
+            # an instance removed meanwhile is not in the answer (a filter, not a list of names)
+            answers = await query_instances(client, qfilter=["|", *(["=", "name", n] for n in sorted(names))])
+            found = {name: answer for name, answer in answers.items() if name in names}
+            self.missed += len(names) - len(found)
+            observed: dict[str, dict[str, Any]] = {
+                name: observed_values(answer) for name, answer in found.items()
+            }
             changed = await record_observed(self.store, backend, observed)
         except (GanetiError, OSError, TimeoutError) as exc:
             self.missed += len(names)
@@ -135,10 +126,3 @@ class Observer:
             return 0
         self.stored += changed
         return changed
-
-    async def _one(self, client: RapiClient, name: str) -> Instance | None:
-        async with self._slots:
-            try:
-                return await client.get_instance(name)
-            except NotFoundError:
-                return None  # removed meanwhile

@@ -211,9 +211,12 @@ class QueriedInstance:
         return True
 
 
-async def query_instances(client: RapiClient) -> dict[str, QueriedInstance]:
-    """Ganeti's instances by name, each with only the fields the reconciler compares."""
-    rows = await client.query_rows("instance", INSTANCE_FIELDS)
+async def query_instances(
+    client: RapiClient, *, qfilter: list[Any] | None = None
+) -> dict[str, QueriedInstance]:
+    """Ganeti's instances by name (those ``qfilter`` selects), each with only the fields the
+    reconciler compares."""
+    rows = await client.query_rows("instance", INSTANCE_FIELDS, qfilter=qfilter)
     with gc_paused():
         return {str(values[I_NAME]): QueriedInstance(values) for values in rows}
 

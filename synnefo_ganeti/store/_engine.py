@@ -99,7 +99,8 @@ class Database:
             self.url,
             pool_size=5,
             max_overflow=5,
-            pool_pre_ping=True,
+            # no ping at each checkout (a round trip per read and per write): a connection the
+            # server dropped is found by using it, and the read or write is tried again (above)
             connect_args={"timeout": self.busy_timeout, "command_timeout": 300},
             **_JSON_OPTIONS,
         )
@@ -248,6 +249,7 @@ class Database:
         if self.sync_engine is not None:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self.sync_executor, self._transaction_in_thread, fn)
+        # (a pooled connection the server dropped fails here: the writer retries the call)
         async with self.engine.connect() as conn:
             conn = await self.begin_write(conn, exclusive=exclusive)
             result = await conn.run_sync(fn)
@@ -303,12 +305,25 @@ class Database:
                         driver.remove_termination_listener(on_lost)
 
     async def read(self, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-        """``fn`` on a connection of the async engine; database trouble is a :class:`StoreError`."""
-        try:
-            async with self.engine.connect() as conn:
-                return await fn(conn)
-        except (DBAPIError, OSError) as exc:
-            raise self.error("cannot read from", exc) from None
+        """``fn`` on a connection of the async engine; database trouble is a :class:`StoreError`.
+
+        PostgreSQL: the read runs without a transaction (``AUTOCOMMIT``): at READ COMMITTED each
+        statement sees its own snapshot either way, and BEGIN and ROLLBACK were two round trips
+        per read. A pooled connection the server dropped (a restart) is found by using it, not
+        by a ping at every checkout: the read is tried once more on a fresh one."""
+        for attempt in (1, 2):
+            try:
+                async with self.engine.connect() as conn:
+                    if self.dialect == "postgresql":
+                        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                    return await fn(conn)
+            except DBAPIError as exc:
+                if attempt == 1 and exc.connection_invalidated:
+                    continue
+                raise self.error("cannot read from", exc) from None
+            except OSError as exc:
+                raise self.error("cannot read from", exc) from None
+        raise AssertionError("unreachable")
 
     async def call_read(self, fn: Callable[[Connection], T]) -> T:
         """Run a synchronous read ``fn(connection)`` on a connection of the async engine."""

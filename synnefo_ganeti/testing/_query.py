@@ -158,13 +158,38 @@ def _instance_data(cluster: FakeCluster, fields: list[str], qfilter: Any) -> lis
     link = cluster.link
     getters = [_INSTANCE_FIELDS[name] for name in fields]
     data = []
-    for inst in sorted(cluster.instances.values(), key=lambda i: i.name):
+    names = requested_names(qfilter)
+    if names is None:
+        insts = sorted(cluster.instances.values(), key=lambda i: i.name)
+    else:  # only the instances named (luxid's Query.Filter requestedNames): no scan of all
+        insts = [cluster.instances[name] for name in sorted(names) if name in cluster.instances]
+    for inst in insts:
         if qfilter and not _matches(
             {name: _INSTANCE_FIELDS[name](inst, link) for name in _filter_fields(qfilter)}, qfilter
         ):
             continue
         data.append([[0, get(inst, link)] for get in getters])
     return data
+
+
+def requested_names(qfilter: Any) -> set[str] | None:
+    """The names a filter of ``=`` on ``name`` (alone or or-ed) selects; None for any other
+    filter. Ganeti looks only those items up (``requestedNames`` in luxid's
+    ``Ganeti.Query.Filter``, ``RequestedNames`` in ``lib/query.py``)."""
+    if not isinstance(qfilter, list) or not qfilter:
+        return None
+    op, *args = qfilter
+    if op in ("=", "==") and len(args) == 2 and args[0] == "name" and isinstance(args[1], str):
+        return {args[1]}
+    if op == "|" and args:
+        names: set[str] = set()
+        for arg in args:
+            found = requested_names(arg)
+            if found is None:
+                return None
+            names |= found
+        return names
+    return None
 
 
 def _filter_fields(qfilter: Any) -> set[str]:

@@ -400,6 +400,10 @@ async def test_a_query_filter_and_a_job_query(rapi: Rapi) -> None:
         {"fields": ["name"], "qfilter": ["|", ["=", "name", B], ["=~", "name", "^fx-c"]]},
     )
     assert status == 200 and answer["data"] == [[[0, B]], [[0, C]]]
+    # names only (looked up, not scanned, as luxid does): in name order, an unknown one absent
+    names = ["|", ["=", "name", C], ["=", "name", "nosuch.example"], ["=", "name", B]]
+    status, answer = await rapi.call("PUT", "/2/query/instance", {"fields": ["name"], "qfilter": names})
+    assert status == 200 and answer["data"] == [[[0, B]], [[0, C]]]
     status, answer = await rapi.call(
         "PUT", "/2/query/job", {"fields": ["id", "status"], "qfilter": [">", "id", 2]}
     )

@@ -207,3 +207,38 @@ async def test_a_reconcile_pass_stores_what_changed_behind_our_back(db_url: str)
 
                 third = await reconciler.run_once()
                 assert third.ok and third.backends[0].observed == 0  # unchanged rows are not written
+
+
+async def test_the_observer_asks_a_backend_once_per_pass_however_many_are_due(db_url: str) -> None:
+    """Ten instances due: one ``PUT /2/query/instance`` naming them (not ten GETs, nor a listing
+    of every instance); one removed from Ganeti meanwhile is counted missed; values stored."""
+    from synnefo_ganeti.dispatch._observe import Observer
+
+    async with fakes(1) as (f1,), fake_client(f1) as client, Store(db_url) as store:
+        names = [f"obs{i}.example" for i in range(10)]
+        for name in [*names, "other.example"]:
+            await client.wait_for_job(await client.create_instance(file_spec(name)), timeout=20)
+            await store.add_instance("f1", name, status=InstanceStatus.STARTED)
+        await client.wait_for_job(await client.delete_instance(names[-1]), timeout=20)
+        asked: list[tuple[str, str, Any]] = []
+        transport_request = client._transport.request
+
+        async def spy(method: str, path: str, **kwargs: Any) -> Any:
+            asked.append((method, path, kwargs.get("body")))
+            return await transport_request(method, path, **kwargs)
+
+        client._transport.request = spy  # type: ignore[method-assign]
+
+        async def the_client(_name: str) -> Any:
+            return client
+
+        observer = Observer(store, the_client)
+        observer.observe("f1", names)
+        assert await observer.run_once() == 9
+        assert [(method, path) for method, path, _ in asked] == [("PUT", "/2/query/instance")]
+        assert asked[0][2]["qfilter"] == ["|", *(["=", "name", name] for name in sorted(names))]
+        assert (observer.stored, observer.missed) == (9, 1)
+        for name in names[:-1]:
+            assert await holds(store, "f1", name, ganeti_values(f1, name)) is not None
+        other = await store.get_instance("f1", "other.example")
+        assert other is not None and other.memory is None  # not due: not asked, not written
