@@ -52,6 +52,7 @@ from synnefo_ganeti.testing import (
     _ops_tags,
 )
 from synnefo_ganeti.testing._cluster import FakeInstance, FakeNode, OpFailure, instance_view, node_view
+from synnefo_ganeti.testing._filtering import select_jobs
 from synnefo_ganeti.testing._jobs import FakeJob, FakeOp, now_ts
 from synnefo_ganeti.testing._locks import LockManager, Request
 from synnefo_ganeti.testing._model import ClusterModel
@@ -255,9 +256,23 @@ class FakeCluster:
 
     # ------------------------------------------------------------------ running
 
+    def schedule(self) -> None:
+        """Look at the queue again (luxid does when the filter rules change)."""
+        if not self._closed:
+            self._schedule()
+
     def _schedule(self) -> None:
-        while self._pending and len(self._running) < self.max_running_jobs:
-            job = self._pending.pop(0)
+        """``scheduleSomeJobs``: queued jobs a REJECT rule applies to are canceled, then as many
+        as there are free slots start, in id order, as the filter rules allow (``_filtering``)."""
+        free = self.max_running_jobs - len(self._running)
+        if not self._pending or (free <= 0 and not self.model.filters):
+            return
+        running = [self.jobs[job_id] for job_id in self._running]
+        rejected, chosen = select_jobs(self.model.filters.values(), self._pending, running, free)
+        for job in rejected:
+            self.cancel(job.id)
+        for job in chosen:
+            self._pending.remove(job)
             self._running.add(job.id)
             task = asyncio.get_running_loop().create_task(self._run(job), name=f"fake-job-{job.id}")
             self._tasks.add(task)

@@ -219,6 +219,7 @@ class Surface:
             uuid=rule_uuid, priority=priority, predicates=predicates, action=action, reason_trail=trail,
             watermark=max(self.cluster.jobs, default=0),
         )  # fmt: skip
+        self.cluster.schedule()  # configChangeNeedsRescheduling: the filters changed
         return rule_uuid
 
     async def _filters(self, request: web.Request) -> Any:
@@ -244,6 +245,7 @@ class Surface:
     async def _filter_delete(self, request: web.Request) -> Any:
         if self.cluster.model.filters.pop(request.match_info["uuid"], None) is None:
             raise HTTPError(404)
+        self.cluster.schedule()  # a job the rule paused may run now
         return None
 
     # ------------------------------------------------------------------ groups
