@@ -28,12 +28,11 @@ method                   Ganeti job                                  the stored 
 
 Checks made before anything is written or sent raise :class:`ValidationError` (naming the
 argument); a rename to a name another instance or open request holds, under ``[ownership]
-unique_names``, is a :class:`ConflictError` in the reservation's transaction. The new name is
-not held while the rename runs (holding it would cost every create a look at the jobs in
-flight): a create of that name on the same backend meanwhile fails in Ganeti (or the rename
-does), and if the database took the name first, the rename's end keeps the old name and sets
-``last_error`` (``store/_column_changes.py``); on another backend, under ``unique_names =
-"global"``, both may live for that moment.
+unique_names``, is a :class:`ConflictError` in the reservation's transaction. While the
+rename's job is in flight its new name is held (``store/_names.py``: every name check looks at
+the unapplied rename jobs, through a partial index of them). Between the reservation and the
+job being recorded (one RAPI submit) it is not: if the database took the name then, the
+rename's end keeps the old name and sets ``last_error`` (``store/_column_changes.py``).
 """
 
 from __future__ import annotations

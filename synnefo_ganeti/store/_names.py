@@ -2,7 +2,8 @@
 
 A name is unique while its instance is not DESTROYED: across all backends
 (``[ownership] unique_names = "global"``, the default) or on each backend (``"backend"``).
-A create request not final yet holds its name too (it becomes an instance soon). The
+A create request not final yet holds its name too (it becomes an instance soon), and so
+does a rename in progress (its job recorded and not applied yet) the name it renames to. The
 check runs inside the writer's transaction that writes the row (SQLite ``BEGIN
 IMMEDIATE``, PostgreSQL's writers' lock), so two processes cannot both pass it.
 
@@ -20,18 +21,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, cast
 
-from sqlalchemy import Connection, Table, select
+from sqlalchemy import Connection, Table, select, text
 
 from synnefo_ganeti.errors import ConflictError
-from synnefo_ganeti.store._schema import Backend, CreateRequest, Instance
+from synnefo_ganeti.store._schema import RENAMING, Backend, CreateRequest, Instance, InstanceJob
 
-__all__ = ["UniqueNames", "check_name_free", "request_differences"]
+__all__ = ["UniqueNames", "check_name_free", "renaming_to", "request_differences"]
 
 UniqueNames = Literal["global", "backend"]
 
 instances_t = cast(Table, Instance.__table__)
 requests_t = cast(Table, CreateRequest.__table__)
 backends_t = cast(Table, Backend.__table__)
+instance_jobs_t = cast(Table, InstanceJob.__table__)
 # (the modules of RequestStatus and InstanceStatus use this one: their values, spelled out)
 _OPEN = ("pending", "submitted")
 _DESTROYED, _ERROR = "DESTROYED", "ERROR"
@@ -53,6 +55,47 @@ def check_name_free(
     instance row that request placed before (its own earlier attempt)."""
     _check_instances(conn, name, backend, unique_names, exclude_instance)
     _check_requests(conn, name, backend, unique_names, exclude_request)
+    _check_renames(conn, name, backend, unique_names, exclude_instance)
+
+
+def renaming_to(conn: Connection, names: set[str] | None = None) -> dict[str, list[Any]]:
+    """New name -> the renames in progress to it (rows: ``job_id``, ``uuid``, ``old``, ``backend``).
+
+    Read from the jobs recorded and not applied yet (the partial index of migration 0007): the
+    few in flight, not the table."""
+    rows = conn.execute(
+        select(
+            instance_jobs_t.c.job_id,
+            instance_jobs_t.c.params,
+            instances_t.c.uuid,
+            instances_t.c.name.label("old"),
+            backends_t.c.name.label("backend"),
+        )
+        .join(instances_t, instances_t.c.id == instance_jobs_t.c.instance_id)
+        .join(backends_t, backends_t.c.id == instance_jobs_t.c.backend_id)
+        .where(text(RENAMING))  # spelled as the partial index's condition: SQLite uses it then
+    )
+    found: dict[str, list[Any]] = {}
+    for row in rows:
+        new_name = (row.params or {}).get("new_name")
+        if isinstance(new_name, str) and (names is None or new_name in names):
+            found.setdefault(new_name, []).append(row)
+    return found
+
+
+def _check_renames(
+    conn: Connection, name: str, backend: str | None, unique_names: UniqueNames, exclude: str | None
+) -> None:
+    for row in renaming_to(conn, {name}).get(name, []):
+        if row.uuid == exclude:
+            continue
+        if unique_names == "backend" and backend is not None and row.backend != backend:
+            continue
+        raise ConflictError(
+            f"instance name {name} is taken by a rename in progress: instance {row.uuid} ({row.old} "
+            f"of backend {row.backend}) is being renamed to it (job {row.job_id}); wait for its end "
+            "or pick another name"
+        )
 
 
 def _check_instances(

@@ -30,6 +30,7 @@ from synnefo_ganeti.store._instances import (
     instances_t,
     jobs_t,
 )
+from synnefo_ganeti.store._names import renaming_to
 from synnefo_ganeti.store._outcomes import task_of
 from synnefo_ganeti.store._recorded import notify_job_recorded
 from synnefo_ganeti.store._requests import Request, RequestStatus, requests_t, select_requests
@@ -99,10 +100,12 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
         )
     }
     holders = _holders(conn, names)
+    renamed = renaming_to(conn, names)  # names a rename in progress takes
     fast: list[tuple[int, AddArgs]] = []
     taken: set[str] = set()
     for index, item in enumerate(items):
-        if item.request_id in existing or item.name in live or item.name in taken or holders[item.name]:
+        held = item.name in live or item.name in taken or holders[item.name] or item.name in renamed
+        if item.request_id in existing or held:
             continue
         taken.add(item.name)
         existing.add(item.request_id)

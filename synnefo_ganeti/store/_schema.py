@@ -159,6 +159,10 @@ class Instance(Base):
     updated_at: Mapped[datetime]
 
 
+#: the renames in progress: the condition of ix_instance_jobs_renaming, as queries must spell it
+RENAMING = "applied_at IS NULL AND action = 'rename'"
+
+
 class InstanceJob(Base):
     """A job the control plane submitted for an instance: what its end means for the instance.
 
@@ -176,6 +180,14 @@ class InstanceJob(Base):
             "job_id",
             postgresql_where=text("applied_at IS NULL"),
             sqlite_where=text("applied_at IS NULL"),
+        ),
+        # the renames in progress, which every name check asks for (migration 0008)
+        Index(
+            "ix_instance_jobs_renaming",
+            "backend_id",
+            "job_id",
+            postgresql_where=text(RENAMING),
+            sqlite_where=text(RENAMING),
         ),
     )
 

@@ -4,6 +4,7 @@ it, a conflict while another action runs, ``last_error`` when the job fails."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -183,6 +184,46 @@ async def test_a_rename_whose_name_was_taken_meanwhile_keeps_the_old_name(
         assert kept.name == "vm1.fake.test" and kept.last_error is not None
         assert (kept.last_error["action"], kept.last_error["job_id"]) == ("rename", job_id)
         assert other.id in kept.last_error["message"]
+
+
+async def test_a_rename_in_progress_holds_its_new_name(tmp_path: Path, db_url: str) -> None:
+    """While the rename's job runs (held queued here by a PAUSE filter rule) its new name is taken:
+    a request, a create and another rename of that name are refused at once, naming the rename;
+    at its end the name is the renamed instance's and the old one is free."""
+    async with plane(tmp_path, db_url) as (_fake, cp):
+        vm = await stopped(cp, await started(cp, spec("vm1.fake.test")))
+        other = await stopped(cp, await started(cp, spec("vm2.fake.test")))
+        client = await cp.client("f1")
+        hold = await client.add_filter(
+            priority=1, predicates=[["opcode", ["=", "OP_ID", "OP_INSTANCE_RENAME"]]], action="PAUSE"
+        )
+        job_id = await cp.rename_instance(vm.id, "vm3.fake.test")
+        taken = rf"rename in progress: instance {vm.id} \(vm1\.fake\.test of backend f1\) is being renamed to it \(job {job_id}\)"
+        for call in (
+            lambda: cp.request_instance(spec("vm3.fake.test")),
+            lambda: cp.create_instance(spec("vm3.fake.test"), backend="f1"),
+            lambda: cp.rename_instance(other.id, "vm3.fake.test"),
+        ):
+            with pytest.raises(ConflictError, match=taken):
+                await call()
+        # several requests written at once (the writer's set-based path when they meet): the
+        # held name is refused, the others accepted
+        results = await asyncio.gather(
+            *(
+                cp.request_instance(spec(name))
+                for name in ("vm4.fake.test", "vm3.fake.test", "vm5.fake.test")
+            ),
+            return_exceptions=True,
+        )
+        assert isinstance(results[1], ConflictError) and "rename in progress" in str(results[1])
+        assert all(isinstance(result, str) for result in (results[0], results[2])), results
+        assert (await client.get_job(job_id)).status.value == "queued"  # the rename did not run yet
+        await client.delete_filter(hold)
+        renamed = await settled(cp, vm.id, InstanceStatus.STOPPED)
+        assert (renamed.name, renamed.last_error) == ("vm3.fake.test", None)
+        with pytest.raises(ConflictError, match=f"taken: instance {vm.id} of backend f1 is STOPPED"):
+            await cp.request_instance(spec("vm3.fake.test"))  # now a live instance's name
+        assert await cp.request_instance(spec("vm1.fake.test"))  # the old name is free
 
 
 async def test_reinstall_with_another_os(tmp_path: Path, db_url: str) -> None:

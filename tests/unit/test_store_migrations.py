@@ -9,7 +9,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Column, Connection, MetaData, String, inspect
+from sqlalchemy import Column, Connection, MetaData, String, event, inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from synnefo_ganeti.store import Store, current_revision, head_revision, normalize_url, upgrade
@@ -263,3 +263,51 @@ async def test_0007_indexes_only_the_jobs_whose_end_is_not_applied(db_url: str, 
         assert "WHERE (applied_at IS NULL)" in await _run(engine, definition)
     await _run(engine, _command, "downgrade", "0006")
     assert "ix_instance_jobs_unapplied" not in await _run(engine, indexes)
+
+
+async def test_0008_indexes_the_renames_in_progress(db_url: str, engine: AsyncEngine) -> None:
+    """Every name check asks for the renames in progress (``store/_names.py``'s ``renaming_to``):
+    a partial index of the unapplied ``rename`` jobs answers it; SQLite's plan for that very query
+    uses it (its condition spelled as the index's); 0007 has no such index."""
+    from sqlalchemy import text
+
+    from synnefo_ganeti.store._names import renaming_to
+
+    await upgrade(engine)
+
+    def indexes(connection: Connection) -> dict[str, Any]:
+        return {ix["name"]: ix for ix in inspect(connection).get_indexes("instance_jobs")}
+
+    found = (await _run(engine, indexes))["ix_instance_jobs_renaming"]
+    assert found["column_names"] == ["backend_id", "job_id"]
+    assert await _run(engine, renaming_to) == {}
+    if engine.dialect.name == "sqlite":
+        seen: list[str] = []
+
+        def plan(connection: Connection) -> str:
+            def capture(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+                if "instance_jobs" in statement and not statement.startswith("EXPLAIN"):
+                    seen.append(statement)
+
+            event.listen(connection, "before_cursor_execute", capture)
+            try:
+                renaming_to(connection, {"vm1"})
+            finally:
+                event.remove(connection, "before_cursor_execute", capture)
+            return " ".join(
+                str(row[-1]) for row in connection.execute(text("EXPLAIN QUERY PLAN " + seen[-1]))
+            )
+
+        used = await _run(engine, plan)
+        assert "ix_instance_jobs_renaming" in used, used
+    else:
+
+        def definition(connection: Connection) -> str:
+            query = "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_instance_jobs_renaming'"
+            return str(connection.execute(text(query)).scalar_one())
+
+        assert "WHERE ((applied_at IS NULL) AND ((action)::text = 'rename'::text))" in await _run(
+            engine, definition
+        )
+    await _run(engine, _command, "downgrade", "0007")
+    assert "ix_instance_jobs_renaming" not in await _run(engine, indexes)
