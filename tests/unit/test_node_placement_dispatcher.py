@@ -17,7 +17,7 @@ from synnefo_ganeti.store import RequestStatus, Store
 from synnefo_ganeti.testing import FakeGaneti, _engine
 from synnefo_ganeti.testing._cluster import OpFailure
 from synnefo_ganeti.testing._registry import OPCODES
-from tests.helpers import spec
+from tests.helpers import eventually, spec
 from tests.unit.test_dispatcher import backend, fakes, finished, running, settings_for
 
 N1, N2, N3, N4 = (f"node{i}.fake.test" for i in range(1, 5))
@@ -48,14 +48,26 @@ def create_nodes(fake: FakeGaneti) -> list[str | None]:
 
 
 async def run_requests(
-    tmp_path: Path, fake: FakeGaneti, specs: list[Any], **dispatcher: Any
+    tmp_path: Path, fake: FakeGaneti, specs: list[Any], *, hold: bool = False, **dispatcher: Any
 ) -> tuple[list[Any], Dispatcher]:
+    """Run ``specs`` through a dispatcher; ``hold``: every create stays queued in Ganeti (a PAUSE
+    filter rule) until all of them were sent, so each placement sees all the others in flight."""
     db_url = sqlite(tmp_path)
     settings = settings_for(db_url, [backend("b", fake)], **dispatcher)
     async with Store(db_url) as store, ControlPlane(settings, store=store) as cp:
         daemon = Dispatcher(settings, store=store, status_server=False)
+        client = await cp.client("b")
+        paused = ["opcode", ["=", "OP_ID", "OP_INSTANCE_CREATE"]]
+        rule = await client.add_filter(predicates=[paused], action="PAUSE") if hold else None
         async with running(daemon) as d:
             ids = [await cp.request_instance(s) for s in specs]
+            if rule is not None:
+
+                async def all_sent() -> bool:
+                    return len(create_nodes(fake)) == len(specs)
+
+                await eventually(all_sent, what="every create sent")
+                await client.delete_filter(rule)
             done = [await finished(cp, rid) for rid in ids]
     return done, d
 
@@ -104,7 +116,11 @@ async def test_a_burst_is_spread_over_the_nodes_by_creates_in_flight(tmp_path: P
     async with fakes(1, nodes=3, op_times={"OP_INSTANCE_CREATE": 0.5}) as (fake,):
         fake.cluster.nodes[N1].mtotal *= 4
         specs = [spec(f"burst{i}.example") for i in range(9)]
-        done, d = await run_requests(tmp_path, fake, specs, node_placement="pnode", stats_interval=3600)
+        # held queued in Ganeti until all are sent: however slowly the test runs, no create ends
+        # (and frees its node's room) before the last one is placed (4/3/2 once under load)
+        done, d = await run_requests(
+            tmp_path, fake, specs, hold=True, node_placement="pnode", stats_interval=3600
+        )
         assert all(r.status is RequestStatus.SUCCEEDED for r in done), [r.error for r in done]
         assert Counter(create_nodes(fake)) == {N1: 3, N2: 3, N3: 3}
         assert d.stats.capacity_retries == 0
