@@ -51,8 +51,9 @@ def _compare(op: str, left: Any, right: Any) -> bool:
         raise _Invalid from None
 
 
-def _comparisons(qfilter: Any, field: Callable[[str], Any]) -> bool:
-    """``evaluateFilterComparator``: and/or/not over comparisons; anything else is false."""
+def _evaluate(qfilter: Any, leaf: Callable[[str, list[Any]], bool]) -> bool:
+    """``evaluateFilterM``: ``&``, ``|``, ``!`` over the leaves ``leaf(op, args)`` judges; a
+    filter that cannot be evaluated (``_Invalid`` anywhere) is false."""
 
     def run(node: Any) -> bool:
         if not isinstance(node, list) or not node:
@@ -64,6 +65,18 @@ def _comparisons(qfilter: Any, field: Callable[[str], Any]) -> bool:
             return any(run(arg) for arg in args)
         if op == "!":
             return not run(args[0])
+        return leaf(str(op), args)
+
+    try:
+        return run(qfilter)
+    except _Invalid:
+        return False
+
+
+def _comparisons(qfilter: Any, field: Callable[[str], Any]) -> bool:
+    """``evaluateFilterComparator``: and/or/not over comparisons; anything else is false."""
+
+    def leaf(op: str, args: list[Any]) -> bool:
         if op in _COMPARE and len(args) == 2:
             value = field(str(args[0]))
             if value is _MISSING:
@@ -71,10 +84,7 @@ def _comparisons(qfilter: Any, field: Callable[[str], Any]) -> bool:
             return _compare(op, value, args[1])
         raise _Invalid
 
-    try:
-        return run(qfilter)
-    except _Invalid:
-        return False
+    return _evaluate(qfilter, leaf)
 
 
 def _dotted(data: Any, name: str) -> Any:
@@ -88,16 +98,7 @@ def _dotted(data: Any, name: str) -> Any:
 def _json_filter(qfilter: Any, op_input: dict[str, Any]) -> bool:
     """``evaluateFilterJSON`` of a filter whose fields are read from an op (``accessOpCodeField``)."""
 
-    def run(node: Any) -> bool:
-        if not isinstance(node, list) or not node:
-            raise _Invalid
-        op, *args = node
-        if op == "&":
-            return all(run(arg) for arg in args)
-        if op == "|":
-            return any(run(arg) for arg in args)
-        if op == "!":
-            return not run(args[0])
+    def leaf(op: str, args: list[Any]) -> bool:
         value = _dotted(op_input, str(args[0])) if args else _MISSING
         if value is _MISSING:
             raise _Invalid
@@ -111,10 +112,7 @@ def _json_filter(qfilter: Any, op_input: dict[str, Any]) -> bool:
             return args[1] in value
         raise _Invalid
 
-    try:
-        return run(qfilter)
-    except _Invalid:
-        return False
+    return _evaluate(qfilter, leaf)
 
 
 def _matches(job: FakeJob, rule: FakeFilter, predicate: Any) -> bool:
