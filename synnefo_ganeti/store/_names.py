@@ -61,8 +61,8 @@ def check_name_free(
 def renaming_to(conn: Connection, names: set[str] | None = None) -> dict[str, list[Any]]:
     """New name -> the renames in progress to it (rows: ``job_id``, ``uuid``, ``old``, ``backend``).
 
-    Read from the jobs recorded and not applied yet (the partial index of migration 0007): the
-    few in flight, not the table."""
+    Read from the rename jobs recorded and not applied yet (the partial index of migration
+    0008): the few in flight, not the table."""
     rows = conn.execute(
         select(
             instance_jobs_t.c.job_id,

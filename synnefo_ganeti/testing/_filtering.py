@@ -172,7 +172,12 @@ def _action(rule: FakeFilter) -> tuple[str, int]:
 def applying_filter(filters: Iterable[FakeFilter], job: FakeJob) -> FakeFilter | None:
     """``applyingFilter``: the first rule (in order) all of whose predicates match ``job`` and
     whose action is not ``CONTINUE``."""
-    for rule in _order(filters):
+    return _first_applying(_order(filters), job)
+
+
+def _first_applying(rules: list[FakeFilter], job: FakeJob) -> FakeFilter | None:
+    """:func:`applying_filter` over ``rules`` already in order."""
+    for rule in rules:
         if _action(rule)[0] == "CONTINUE":
             continue
         if all(_matches(job, rule, predicate) for predicate in rule.predicates):
@@ -190,13 +195,13 @@ def select_jobs(
     rules = _order(filters)
     if not rules:
         return [], queued[: max(0, free)]
-    applying = {job.id: applying_filter(rules, job) for job in queued}
+    applying = {job.id: _first_applying(rules, job) for job in queued}
     rejected = [
         job for job in queued if (rule := applying[job.id]) is not None and _action(rule)[0] == "REJECT"
     ]
     used: Counter[str] = Counter()
     for job in running:
-        rule = applying_filter(rules, job)
+        rule = _first_applying(rules, job)
         if rule is not None and _action(rule)[0] == "RATE_LIMIT":
             used[rule.uuid] += 1
     chosen: list[FakeJob] = []
