@@ -7,6 +7,7 @@ then ``await rapi.create_instances(specs)``. See :class:`RapiClient`.
 from __future__ import annotations
 
 from synnefo_ganeti.jobs import JobStatus
+from synnefo_ganeti.rapi._api_query import cell_values
 from synnefo_ganeti.rapi._calls import REASON_PREFIX, CreateProgress, NodeRole, RebootType, new_request_id
 from synnefo_ganeti.rapi._client import RapiClient
 from synnefo_ganeti.rapi._models import (
@@ -52,6 +53,7 @@ __all__ = [
     "RebootType",
     "RetryPolicy",
     "Timestamp",
+    "cell_values",
     "is_transient",
     "is_unsent",
     "new_request_id",

@@ -8,16 +8,34 @@ answered by luxid at once, so they are retried like reads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti.errors import ConfigError, RapiError
+from synnefo_ganeti.rapi import _transport
 from synnefo_ganeti.rapi._base import RapiBase, choice, query_args
 from synnefo_ganeti.rapi._calls import QUERY_RESOURCES
 from synnefo_ganeti.rapi._models import QueryField, QueryResult
+from synnefo_ganeti.rapi._retry import is_transient
 
-__all__ = ["QueryApi"]
+__all__ = ["QueryApi", "cell_values"]
+
+
+T = TypeVar("T")
+
+
+def _loaded(load: Callable[[], list[list[list[Any]]]]) -> list[list[list[Any]]]:
+    return load()
+
+
+def cell_values(cells: list[Any]) -> list[Any]:
+    """One item's values from its ``[status, value]`` cells (``None`` where the status is not
+    ``RS_NORMAL``); ValueError when a cell is not such a pair."""
+    try:
+        return [value if status == 0 else None for status, value in cells]
+    except TypeError:
+        raise ValueError("not [status, value] cells") from None
 
 
 class QueryApi(RapiBase):
@@ -59,28 +77,81 @@ class QueryApi(RapiBase):
         listings of many items (the reconciler reads 100,000 instances a pass): a model per
         cell costs more than the answer's decoding; here the shape is checked, not each value.
         """
+        items = await self.query_cells(what, fields, qfilter=qfilter, reason=reason)
+        try:
+            with gc_paused():
+                return [cell_values(cells) for cells in items]
+        except ValueError:
+            raise self._shape_error(what, len(items[0]) if items else 0) from None
+
+    async def query_cells(
+        self,
+        what: str,
+        fields: Sequence[str],
+        *,
+        qfilter: list[Any] | None = None,
+        reason: str | None = None,
+    ) -> list[list[list[Any]]]:
+        """:meth:`query_rows` as Ganeti sent them: each item's ``[status, value]`` cells.
+
+        Each item is checked to have one cell per field, not each cell (:func:`cell_values`
+        checks and converts one item)."""
+        return await self.query_cells_into(what, fields, _loaded, qfilter=qfilter, reason=reason)
+
+    async def query_cells_into(
+        self,
+        what: str,
+        fields: Sequence[str],
+        into: Callable[[Callable[[], list[list[list[Any]]]]], T],
+        *,
+        qfilter: list[Any] | None = None,
+        reason: str | None = None,
+    ) -> T:
+        """:meth:`query_cells`, handed to ``into(load)`` as soon as the answer is read; its result.
+
+        ``load()`` decodes the answer and checks it (what :meth:`query_cells` returns, or a
+        :class:`RapiError`), when ``into`` calls it or later. For a caller asking many
+        backends at once for large answers that it keeps a small part of: it decodes each
+        answer when it can use it and lets it go, instead of holding every backend's decoded
+        answer that came in meanwhile (a decoded instance is ~2.5 KB of small objects, its
+        answer ~310 bytes: the reconciler's pass of 100,000 instances held 250 MB more, a
+        second of page faults; docs/benchmarks.md)."""
         path = self._query_path(what)
-        body: dict[str, Any] = {"fields": _fields(fields, "query_rows")}
+        body: dict[str, Any] = {"fields": _fields(fields, "query_cells")}
         if qfilter is not None:
             body["qfilter"] = qfilter
             body["filter"] = qfilter
-        answer = await self._read("PUT", path, body, query_args(reason=reason))
-        data = answer.get("data") if isinstance(answer, dict) else None
         width = len(body["fields"])
-        rows: list[list[Any]] | None = None
-        if isinstance(data, list):
-            with gc_paused():
+
+        def answered(payload: bytes) -> T:
+            def load() -> list[list[list[Any]]]:
                 try:
-                    rows = [[value if status == 0 else None for status, value in row] for row in data]
-                except (TypeError, ValueError):
-                    rows = None
-        if rows is None or any(len(row) != width for row in rows):
-            raise RapiError(
-                f"{self.where}: PUT {path} answered data of an unexpected shape (not {width} "
-                "[status, value] cells per item); report this with the Ganeti version",
-                url=self.url,
-            )
-        return rows
+                    answer = _transport.decode_json(payload)  # (the module's: benchmarks count the bytes)
+                except ValueError:
+                    raise RapiError(
+                        f"{self.where}: PUT {path} answered a body that is not JSON ({payload[:80]!r})",
+                        url=self.url,
+                    ) from None
+                data = answer.get("data") if isinstance(answer, dict) else None
+                if not isinstance(data, list) or any(type(i) is not list or len(i) != width for i in data):
+                    raise self._shape_error(what, width)
+                return data
+
+            return into(load)
+
+        return await self._retrying(
+            lambda: self._transport.request(
+                "PUT", path, query=query_args(reason=reason), body=body, decode=answered
+            ),
+            is_transient,
+        )
+
+    def _shape_error(self, what: str, width: int) -> RapiError:
+        return RapiError(
+            f"{self.where}: PUT {self._query_path(what)} answered data of an unexpected shape (not "
+            f"{width} [status, value] cells per item); report this with the Ganeti version",
+            url=self.url,
+        )
 
     async def query_fields(
         self, what: str, fields: Sequence[str] | None = None, *, reason: str | None = None

@@ -37,7 +37,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
 import aiohttp
@@ -168,8 +168,12 @@ class Transport:
         body: Any = _NO_BODY,
         timeout: float | None = None,
         long_poll: bool = False,
+        decode: Callable[[bytes], Any] | None = None,
     ) -> Any:
-        """Send one request and return the decoded JSON answer, or raise a :class:`GanetiError`."""
+        """Send one request and return the decoded JSON answer, or raise a :class:`GanetiError`.
+
+        ``decode``: what makes the answer of the body (:func:`decode_json`; a caller may go on
+        with the decoded answer there, before any other task runs; ValueError: not JSON)."""
         if self._session is None:
             raise GanetiError(
                 f"{self.where}: the client is not open; use it as 'async with RapiClient(...) as rapi:'",
@@ -179,10 +183,10 @@ class Transport:
             async with self._poll_slots:
                 self.long_polls += 1
                 try:
-                    return await self._send(method, path, query, body, timeout, long_poll=True)
+                    return await self._send(method, path, query, body, timeout, long_poll=True, decode=decode)
                 finally:
                     self.long_polls -= 1
-        return await self._send(method, path, query, body, timeout)
+        return await self._send(method, path, query, body, timeout, decode=decode)
 
     async def _send(
         self,
@@ -192,6 +196,7 @@ class Transport:
         body: Any,
         timeout: float | None,
         long_poll: bool = False,
+        decode: Callable[[bytes], Any] | None = None,
     ) -> Any:
         assert self._session is not None
         url = URL(self._base + path, encoded=True)
@@ -240,7 +245,7 @@ class Transport:
         if status >= 400:
             raise self._http_error(status, payload, method, path)
         try:
-            answer = decode_json(payload)
+            answer = decode_json(payload) if decode is None else decode(payload)
         except orjson.JSONDecodeError:
             self._count(method, "bad_answer", None if long_poll else elapsed)
             raise RapiError(

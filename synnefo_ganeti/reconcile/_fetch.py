@@ -17,7 +17,7 @@ with orjson; ``updated_at`` only for rows in BUILD (the only ones whose age coun
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -37,9 +37,14 @@ __all__ = [
     "INSTANCE_FIELDS",
     "QueriedInstance",
     "SnapshotRow",
+    "decoded_row",
+    "live_rows",
+    "live_rows_raw",
     "query_instances",
     "read_db",
     "read_rows",
+    "snapshot_row",
+    "snapshot_rows",
 ]
 
 #: the beparams compared (Ganeti 3.0's ``constants.BES_PARAMETERS``)
@@ -290,6 +295,16 @@ _STATUS = {status.value: status for status in InstanceStatus}
 _LIVE = text(f"status <> '{InstanceStatus.DESTROYED.value}'")
 
 
+def _backend_id(backend: str) -> Any:
+    return select(backends_t.c.id).where(backends_t.c.name == backend).scalar_subquery()
+
+
+def live_rows(conn: Connection, backend: str) -> dict[str, tuple[Any, ...]]:
+    """The backend's live rows by name, as tuples of :data:`_COLUMNS` with the JSON columns
+    decoded (:func:`snapshot_row` makes a :class:`SnapshotRow` of one)."""
+    return _decoded(conn.execute(select(*_COLUMNS).where(_c.backend_id == _backend_id(backend), _LIVE)))
+
+
 def read_rows(
     conn: Connection, backend: str, *, live: bool = True, destroyed: bool | Collection[str] = True
 ) -> dict[str, SnapshotRow]:
@@ -300,35 +315,54 @@ def read_rows(
     reads them only for the instances Ganeti has and the live rows lack: orphans).
     ``live=False``: the DESTROYED rows only.
     """
-    backend_id = select(backends_t.c.id).where(backends_t.c.name == backend).scalar_subquery()
     rows: dict[str, SnapshotRow] = {}
     if live:
-        rows = _snapshot_rows(
-            conn.execute(select(*_COLUMNS).where(_c.backend_id == backend_id, _LIVE)), backend
-        )
+        rows = snapshot_rows(backend, live_rows(conn, backend))
     if destroyed is False or (destroyed is not True and not destroyed):
         return rows
-    query = select(*_COLUMNS).where(_c.backend_id == backend_id, _c.status == InstanceStatus.DESTROYED.value)
+    query = select(*_COLUMNS).where(
+        _c.backend_id == _backend_id(backend), _c.status == InstanceStatus.DESTROYED.value
+    )
     if destroyed is not True:
         query = query.where(_c.name.in_(sorted(destroyed)))
-    ended = _snapshot_rows(conn.execute(query.order_by(_c.id)), backend)  # ids ascend: the newest wins
+    ended = snapshot_rows(backend, _decoded(conn.execute(query.order_by(_c.id))))  # the newest wins
     return {name: row for name, row in ended.items() if name not in rows} | rows
 
 
-def _snapshot_rows(result: Iterable[Any], backend: str) -> dict[str, SnapshotRow]:
-    loads = orjson.loads
-    rows: dict[str, SnapshotRow] = {}
+def _decoded(result: Iterable[Any]) -> dict[str, tuple[Any, ...]]:
+    """name -> the row's tuple, JSON columns decoded (:func:`decoded_row`)."""
     with gc_paused():
-        for name, status, owned, job, updated, os_, be, nics, disks, tags, memory, vcpus, pnode in result:
-            if str is type(be) is type(nics) is type(disks) is type(tags):  # SQLite: texts, one decode
-                be, nics, disks, tags = loads(f"[{be},{nics},{disks},{tags}]")
-            else:
-                be, nics, disks, tags = _json(be), _json(nics), _json(disks), _json(tags)
-            rows[name] = SnapshotRow(
-                backend, name, _STATUS[status], bool(owned), job, updated, os_, be, nics, disks, tags, memory,
-                vcpus, pnode,
-            )  # fmt: skip
-    return rows
+        return {row[0]: decoded_row(row) for row in result}
+
+
+def live_rows_raw(conn: Connection, backend: str) -> Iterable[Any]:
+    """:func:`live_rows` before decoding: each row as the database gave it (SQLite: its JSON
+    columns as texts, :func:`decoded_row` decodes them)."""
+    return conn.execute(select(*_COLUMNS).where(_c.backend_id == _backend_id(backend), _LIVE))
+
+
+def decoded_row(row: Sequence[Any]) -> tuple[Any, ...]:
+    """A row of :data:`_COLUMNS` with its JSON columns decoded (SQLite's four texts in one orjson call)."""
+    name, status, owned, job, updated, os_, be, nics, disks, tags, memory, vcpus, pnode = row
+    if str is type(be) is type(nics) is type(disks) is type(tags):  # SQLite: texts, one decode
+        be, nics, disks, tags = orjson.loads(f"[{be},{nics},{disks},{tags}]")
+    else:
+        be, nics, disks, tags = _json(be), _json(nics), _json(disks), _json(tags)
+    return (name, status, owned, job, updated, os_, be, nics, disks, tags, memory, vcpus, pnode)
+
+
+def snapshot_row(backend: str, row: tuple[Any, ...]) -> SnapshotRow:
+    """The :class:`SnapshotRow` of one of :func:`live_rows`' tuples."""
+    name, status, owned, job, updated, os_, be, nics, disks, tags, memory, vcpus, pnode = row
+    return SnapshotRow(
+        backend, name, _STATUS[status], bool(owned), job, updated, os_, be, nics, disks, tags, memory, vcpus,
+        pnode,
+    )  # fmt: skip
+
+
+def snapshot_rows(backend: str, rows: Mapping[str, tuple[Any, ...]]) -> dict[str, SnapshotRow]:
+    with gc_paused():
+        return {name: snapshot_row(backend, row) for name, row in rows.items()}
 
 
 async def read_db(

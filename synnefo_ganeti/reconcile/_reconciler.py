@@ -24,14 +24,15 @@ from typing import TYPE_CHECKING, Any
 from synnefo_ganeti._backends import BackendResources
 from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti._serial import to_jsonable
-from synnefo_ganeti.errors import GanetiError, JobNotFoundError
+from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.metrics import DRIFT_FOUND
-from synnefo_ganeti.rapi import Job, RapiClient
-from synnefo_ganeti.reconcile._fetch import query_instances, read_db
+from synnefo_ganeti.rapi import RapiClient
+from synnefo_ganeti.reconcile._fetch import INSTANCE_FIELDS, read_db
 from synnefo_ganeti.reconcile._job_file import job_file
 from synnefo_ganeti.reconcile._networks import NetworkDrift, NetworkDriftKind, check_networks
 from synnefo_ganeti.reconcile._observe import observed_changes
+from synnefo_ganeti.reconcile._pass import PassReads, PassRows, settle
 from synnefo_ganeti.reconcile._plan import (
     BUILD_GRACE,
     DbSnapshot,
@@ -41,7 +42,8 @@ from synnefo_ganeti.reconcile._plan import (
     GanetiSnapshot,
     plan,
 )
-from synnefo_ganeti.store import InstanceStatus, JobVersion, Store, record_observed
+from synnefo_ganeti.reconcile._snapshots import complete_ganeti, snapshot_db, snapshot_ganeti
+from synnefo_ganeti.store import JobVersion, Store, record_observed
 
 if TYPE_CHECKING:
     from synnefo_ganeti.config import BackendSettings, Settings
@@ -117,73 +119,6 @@ class Report:
             fixed = sum(d.fixed for d in backend.drifts) + sum(d.fixed for d in backend.networks)
             parts.append(f"{backend.name}: {found} drifts, {fixed} fixed")
         return "; ".join(parts) or "no backends"
-
-
-# -- snapshots ---------------------------------------------------------------------------------------
-
-
-async def snapshot_db(store: Store, backend: str, *, destroyed: bool = True) -> DbSnapshot:
-    """The backend's instances and its jobs not final: a few queries, whatever their number.
-
-    Instances: a name's current row (live, else the newest DESTROYED), not an earlier life;
-    only the columns compared (:class:`~._fetch.SnapshotRow`). ``destroyed=False``: live rows
-    only (:meth:`Reconciler.snapshots` then reads the DESTROYED ones of Ganeti's orphans).
-    """
-    instances, taken_at = await read_db(store, backend, destroyed=destroyed)
-    jobs = await store.list_jobs(backend=backend, status=_NOT_FINAL)
-    return DbSnapshot(
-        backend=backend, instances=instances, jobs={job.job_id: job for job in jobs}, taken_at=taken_at
-    )
-
-
-async def snapshot_ganeti(
-    client: RapiClient,
-    db: DbSnapshot,
-    *,
-    owns: Callable[[str, list[str]], bool] | None = None,
-    lookup_concurrency: int = 8,
-    tag_namespace: str | None = None,
-) -> GanetiSnapshot:
-    """Ganeti's instances (the compared fields) and jobs, fetched concurrently, then the
-    lookups the database needs.
-
-    Looked up (``GET /2/jobs/ID``, at most ``lookup_concurrency`` at once): the database's
-    jobs not final and the create jobs of its BUILD instances, when the listing lacks them.
-    ``owns(name, tags) -> bool`` says which instances are ours (none without it).
-    """
-    taken_at = time.time()
-    instances, jobs = await asyncio.gather(query_instances(client), client.list_jobs())
-    by_id = {job.id: job for job in jobs}
-    wanted = {job_id for job_id in db.jobs if job_id not in by_id}
-    wanted.update(
-        row.create_job_id
-        for row in db.instances.values()
-        if row.status is InstanceStatus.BUILD
-        and row.create_job_id is not None
-        and row.create_job_id not in by_id
-    )
-    slots = asyncio.Semaphore(max(1, lookup_concurrency))
-
-    async def look_up(job_id: int) -> tuple[int, Job | None]:
-        async with slots:
-            try:
-                return job_id, await client.get_job(job_id)
-            except JobNotFoundError:
-                return job_id, None
-
-    looked_up = dict(await asyncio.gather(*(look_up(job_id) for job_id in sorted(wanted))))
-    owned = frozenset(
-        name for name, instance in instances.items() if owns is not None and owns(name, instance.tags)
-    )
-    return GanetiSnapshot(
-        backend=db.backend,
-        instances=instances,
-        jobs=by_id,
-        looked_up=looked_up,
-        owned=owned,
-        taken_at=taken_at,
-        tag_namespace=tag_namespace,
-    )
 
 
 # -- fixes -------------------------------------------------------------------------------------------
@@ -296,7 +231,6 @@ class Reconciler(BackendResources):
         super().__init__(settings, store=store, clients=clients)
         self.lookup_concurrency = lookup_concurrency
         self.build_grace = build_grace
-        self._db_reads = asyncio.Lock()  # one database snapshot at a time (see snapshots)
 
     def __repr__(self) -> str:
         return f"<Reconciler backends=[{', '.join(b.name for b in self.settings.backends)}]>"
@@ -304,18 +238,45 @@ class Reconciler(BackendResources):
     def _make_client(self, backend: BackendSettings) -> RapiClient:
         return backend.rapi_client(timeout=self.settings.reconcile_timeout(backend))
 
-    async def snapshots(self, backend: str) -> tuple[DbSnapshot, GanetiSnapshot]:
-        """The database's snapshot, then Ganeti's (no timeout here)."""
+    async def snapshots(
+        self, backend: str, reads: PassReads | None = None
+    ) -> tuple[DbSnapshot, GanetiSnapshot]:
+        """The database's snapshot, then Ganeti's (no timeout here), less what settles.
+
+        ``reads``: the pass's (:meth:`run_once`: one database snapshot for every backend,
+        taken before any is asked, each backend's rows read while the backends answer);
+        None: one of this backend's own. A row and an instance that settle (``_pass.settle``:
+        Ganeti's cells equal to those the row expects) are in neither snapshot: :func:`plan`
+        has nothing to say of them, nor :func:`observed_changes`.
+        """
+        if reads is None:
+            async with PassReads(self.store, [backend]) as own:
+                return await self.snapshots(backend, own)
         client = await self.client(backend)
-        # One database snapshot at a time: its rows become objects on this event loop anyway, so
-        # concurrent reads only hold every backend's Ganeti requests back until all reads are
-        # done; one at a time, a backend asks Ganeti as soon as its own rows are in and waits
-        # for the answer while the next backend reads (benchmarks/reconcile.py).
-        async with self._db_reads:
-            db = await snapshot_db(self.store, backend, destroyed=False)
-        gnt = await snapshot_ganeti(
+        # no snapshot held (an in-memory database): read before asking
+        early = None if await reads.pinned() else await reads.rows(backend)
+        taken_at = time.time()
+
+        def into(load: Callable[[], list[list[Any]]]) -> tuple[PassRows | None, Any]:
+            # Decoded and settled as soon as it comes when the rows are read by then; else
+            # kept as it came (~310 bytes an instance; decoded, ~2.5 KB) until they are.
+            read = early or reads.ready(backend)
+            return (None, load) if read is None else (read, settle(backend, read, load(), client.where))
+
+        (read, settled), jobs = await asyncio.gather(
+            client.query_cells_into("instance", INSTANCE_FIELDS, into), client.list_jobs()
+        )
+        if read is None:  # the answer came before the rows
+            read = await reads.rows(backend)
+            settled = settle(backend, read, settled(), client.where)
+        rows, instances, _count = settled
+        db = DbSnapshot(backend=backend, instances=rows, jobs=read.jobs, taken_at=read.taken_at)
+        gnt = await complete_ganeti(
             client,
             db,
+            instances,
+            jobs,
+            taken_at,
             owns=self.settings.ownership.owns,
             lookup_concurrency=self.lookup_concurrency,
             tag_namespace=self.settings.ownership.tag_namespace,
@@ -354,10 +315,12 @@ class Reconciler(BackendResources):
         fixes: Collection[Fix | str] = frozenset(),
         delete_orphans: bool = False,
         network_fixes: Collection[NetworkDriftKind | str] = frozenset(),
+        reads: PassReads | None = None,
     ) -> BackendReport:
         """One backend: snapshots under its timeout, the plan, the requested fixes; never raises.
 
-        The networks are checked at the same time as the instances (their answers take as long)."""
+        The networks are checked at the same time as the instances (their answers take as long).
+        ``reads``: the pass's database reads (see :meth:`snapshots`)."""
         started = time.monotonic()
         timeout = self.settings.reconcile_timeout(backend)
         drifts: list[Drift] = []  # kept when the fixes fail: what was found is still reported
@@ -367,7 +330,7 @@ class Reconciler(BackendResources):
         )
         try:
             async with asyncio.timeout(timeout):
-                db, gnt = await self.snapshots(backend)
+                db, gnt = await self.snapshots(backend, reads)
             drifts = plan(db, gnt, build_grace=self.build_grace)
             for drift in drifts:
                 DRIFT_FOUND.labels(backend, drift.kind.value).inc()
@@ -432,15 +395,22 @@ class Reconciler(BackendResources):
         # and again without finding garbage (0.3 s of a 10 x 1,000 pass, more than the rest
         # at 100,000 instances: docs/benchmarks.md). Reference counting still frees them; a
         # cycle made meanwhile waits for the pass's end (bounded by the backends' timeouts).
+        # One database snapshot for the pass, taken before any backend is asked; each backend's
+        # rows are read in it while the backends answer (_pass.PassReads).
         with gc_paused():
-            reports = await asyncio.gather(
-                *(
-                    self.check_backend(
-                        name, fixes=fixes, delete_orphans=delete_orphans, network_fixes=network_fixes
+            async with PassReads(self.store, names) as reads:
+                reports = await asyncio.gather(
+                    *(
+                        self.check_backend(
+                            name,
+                            fixes=fixes,
+                            delete_orphans=delete_orphans,
+                            network_fixes=network_fixes,
+                            reads=reads,
+                        )
+                        for name in names
                     )
-                    for name in names
                 )
-            )
         return Report(list(reports))
 
     async def run_forever(

@@ -121,6 +121,20 @@ class Database:
         self.sync_engine = engine
         self.sync_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
 
+    def make_sync_reader(self) -> Engine:
+        """A SQLite file: a synchronous engine of one connection for reads from a thread of
+        their own (a pinned read, :mod:`._pinned`); its owner disposes of it."""
+        assert self.dialect == "sqlite" and not self.in_memory
+        engine = create_engine(
+            self.url.set(drivername="sqlite+pysqlite"),
+            connect_args={"timeout": self.busy_timeout, "check_same_thread": False},
+            pool_size=1,
+            max_overflow=0,
+            **_JSON_OPTIONS,
+        )
+        self._sqlite_events(engine)
+        return engine
+
     def _sqlite_events(self, engine: Engine) -> None:
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_connection: Any, _record: Any) -> None:

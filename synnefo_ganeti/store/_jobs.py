@@ -28,7 +28,7 @@ from synnefo_ganeti.store._models import JobVersion, PruneResult, StoredJob, Sto
 from synnefo_ganeti.store._schema import Job, JobEventRow
 from synnefo_ganeti.store._writer import BatchResult
 
-__all__ = ["Jobs", "events_t", "jobs_t"]
+__all__ = ["Jobs", "events_t", "jobs_query", "jobs_t", "read_jobs"]
 
 log = logging.getLogger("synnefo_ganeti.store")
 
@@ -63,21 +63,7 @@ class Jobs:
         limit: int | None = None,
     ) -> list[StoredJob]:
         async def run(conn: AsyncConnection) -> list[StoredJob]:
-            query = (
-                select(jobs_t, backends_t.c.name.label("backend"))
-                .join(backends_t, backends_t.c.id == jobs_t.c.backend_id)
-                .order_by(backends_t.c.name, jobs_t.c.job_id)
-            )
-            if backend is not None:
-                query = query.where(backends_t.c.name == backend)
-            if job_id is not None:
-                query = query.where(jobs_t.c.job_id == job_id)
-            if status is not None:
-                query = query.where(jobs_t.c.status.in_([JobStatus(s).value for s in status]))
-            if instance is not None:
-                query = query.where(jobs_t.c.instance == instance)
-            if limit is not None:
-                query = query.limit(limit)
+            query = jobs_query(backend=backend, job_id=job_id, status=status, instance=instance, limit=limit)
             return [_stored_job(row) for row in await conn.execute(query)]
 
         return await self.db.read(run)
@@ -128,6 +114,38 @@ class Jobs:
         # by the writer (in its thread on a SQLite file: a cancelled caller cannot leave the
         # write transaction open on a connection of the async engine, holding the write lock)
         return await self.backends.writer.call(run)
+
+
+def jobs_query(
+    *,
+    backend: str | None = None,
+    job_id: int | None = None,
+    status: Iterable[JobStatus | str] | None = None,
+    instance: str | None = None,
+    limit: int | None = None,
+) -> Any:
+    """The select of :meth:`Jobs.list_jobs` (ordered by backend name and job id)."""
+    query = (
+        select(jobs_t, backends_t.c.name.label("backend"))
+        .join(backends_t, backends_t.c.id == jobs_t.c.backend_id)
+        .order_by(backends_t.c.name, jobs_t.c.job_id)
+    )
+    if backend is not None:
+        query = query.where(backends_t.c.name == backend)
+    if job_id is not None:
+        query = query.where(jobs_t.c.job_id == job_id)
+    if status is not None:
+        query = query.where(jobs_t.c.status.in_([JobStatus(s).value for s in status]))
+    if instance is not None:
+        query = query.where(jobs_t.c.instance == instance)
+    if limit is not None:
+        query = query.limit(limit)
+    return query
+
+
+def read_jobs(conn: Connection, **filters: Any) -> list[StoredJob]:
+    """:meth:`Jobs.list_jobs` on a synchronous connection (a read of a pinned snapshot)."""
+    return [_stored_job(row) for row in conn.execute(jobs_query(**filters))]
 
 
 def apply_versions(

@@ -47,6 +47,7 @@ from synnefo_ganeti.store._models import (
     WriterStats,
 )
 from synnefo_ganeti.store._names import UniqueNames
+from synnefo_ganeti.store._pinned import PinnedRead, pinned_read
 from synnefo_ganeti.store._requests_repo import Requests
 from synnefo_ganeti.store._store_requests import RequestMethods
 from synnefo_ganeti.store._writer import Writer
@@ -182,6 +183,11 @@ class Store(RequestMethods):
     async def call_read(self, fn: Callable[[Connection], T]) -> T:
         """Run a synchronous read ``fn(connection)`` on a connection of the async engine."""
         return await self._db.call_read(fn)
+
+    def pinned_read(self) -> AbstractAsyncContextManager[PinnedRead]:
+        """``async with store.pinned_read() as read``: reads of one snapshot taken on entering
+        (``await read.call(fn)``; see :mod:`._pinned`)."""
+        return pinned_read(self._db)
 
     async def wait_for_change(self, timeout: float) -> bool:
         """Wait until this store's writer commits something, or ``timeout`` seconds; True if it did.

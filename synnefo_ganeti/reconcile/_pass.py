@@ -1,0 +1,312 @@
+"""One reconcile pass's reads, and the cells of a row that settles.
+
+A pass takes one database snapshot for every backend (:meth:`Store.pinned_read`), then asks
+every backend at once, and reads each backend's rows in that snapshot while the backends
+answer (:class:`PassReads`). A backend's rows are the snapshot's: taken before Ganeti's,
+as :func:`~._plan.plan` needs (a job that ended after the snapshot is left alone).
+
+Most instances agree with their rows on most passes. For each STARTED or STOPPED row the
+read also makes the ``[status, value]`` cells Ganeti answers for an instance that settles
+with it (:func:`expected_cells`, in :data:`~._fetch.INSTANCE_FIELDS` order, :data:`ANY`
+where the row does not say); an item of Ganeti's answer equal to them, compared whole
+(:func:`settle`), is settled without being converted, modelled or planned. The others go
+through :func:`~._plan.plan` as before. ``expected == cells`` implies
+``QueriedInstance.settles(row)``: tests/unit/test_reconcile_pass.py checks it both ways on
+rows and answers that differ in each field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+from sqlalchemy import Connection
+
+from synnefo_ganeti._gc import gc_paused
+from synnefo_ganeti.errors import RapiError
+from synnefo_ganeti.jobs import JobStatus
+from synnefo_ganeti.rapi import cell_values
+from synnefo_ganeti.reconcile._fetch import (
+    BE_INDEX,
+    I_NAME,
+    I_OS,
+    I_PNODE,
+    INSTANCE_FIELDS,
+    QueriedInstance,
+    SnapshotRow,
+    decoded_row,
+    live_rows_raw,
+    snapshot_row,
+)
+from synnefo_ganeti.store import InstanceStatus, Store, StoredJob
+from synnefo_ganeti.store._jobs import read_jobs
+
+__all__ = ["ANY", "PassReads", "PassRows", "expected_cells", "read_pass_rows", "settle"]
+
+_NOT_FINAL = [status for status in JobStatus if not status.is_final]
+
+
+class _Any:
+    """A cell the row does not say: equal to any cell."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY: Final = _Any()
+
+#: admin_state and oper_state of a settled STARTED / STOPPED row (the usual pair; an instance
+#: running on an offline node, oper_state unknown, goes the long way)
+_STATES: Final = {
+    InstanceStatus.STARTED.value: ([0, "up"], [0, True]),
+    InstanceStatus.STOPPED.value: ([0, "down"], [0, False]),
+}
+_NIC_KEYS: Final = frozenset(("mac", "ip", "network", "mode", "link"))
+_DISK_KEYS: Final = frozenset(("size", "uuid"))
+_WIDTH: Final = len(INSTANCE_FIELDS)
+_MAXMEM, _VCPUS = BE_INDEX["maxmem"], BE_INDEX["vcpus"]
+
+
+def expected_cells(row: Sequence[Any], made: dict[Any, list[Any]] | None = None) -> list[Any] | None:
+    """The cells of an instance that settles with ``row`` (a :func:`~._fetch.live_rows`
+    tuple), or None when the row cannot settle this way (not STARTED or STOPPED, not owned,
+    NICs or disks not as the observer records them): such a row goes the long way.
+
+    ``made``: the cells already made, shared by the rows of one read (equal values, one
+    cell: the comparisons are by equality): most rows' cells are the same few (one OS, a
+    few nodes and sizes, one tag), made once and held once (~0.5 KB a row, not ~2.5)."""
+    name, status, owned, _job, _updated, os_, be, nics, disks, tags, memory, vcpus, pnode = row
+    states = _STATES.get(status)
+    if states is None or not owned or type(nics) is not list or type(disks) is not list:
+        return None
+    cache = {} if made is None else made
+    get = cache.get
+    expected = [[0, name], states[0], states[1], ANY, None, None, ANY, ANY, ANY, ANY, ANY, ANY]
+    for index, value in ((I_OS, os_), (I_PNODE, pnode), (_MAXMEM, memory), (_VCPUS, vcpus)):
+        cell = get(value)
+        expected[index] = cell if cell is not None else cache.setdefault(value, [0, value])
+    if be:
+        if type(be) is not dict:
+            return None
+        for key, want in be.items():
+            be_index = BE_INDEX.get(key)
+            if be_index is None:
+                if want is not None:
+                    return None  # settles() needs Ganeti's value None for a key it has no field of
+                continue
+            current: Any = expected[be_index]
+            if current is not ANY:
+                if current[1] != want:
+                    return None  # the row contradicts itself (memory against maxmem): never settles
+                continue
+            try:
+                shared = get(want)
+            except TypeError:  # not a scalar: Ganeti's beparams are
+                return None
+            expected[be_index] = shared if shared is not None else cache.setdefault(want, [0, want])
+    try:
+        macs, ips, networks, modes, links = [], [], [], [], []
+        for nic in nics:
+            if nic.keys() != _NIC_KEYS:
+                return None
+            macs.append(nic["mac"])
+            ips.append(nic["ip"])
+            networks.append(nic["network"])
+            modes.append(nic["mode"])
+            links.append(nic["link"])
+        sizes, uuids = [], []
+        for disk in disks:
+            if disk.keys() != _DISK_KEYS:
+                return None
+            sizes.append(disk["size"])
+            uuids.append(disk["uuid"])
+    except AttributeError:  # a NIC or disk not a dict
+        return None
+    expected.append([0, macs])  # a MAC is one instance's: not shared
+    expected.extend([_shared(cache, values) for values in (ips, networks, modes, links, sizes)])
+    expected.append([0, uuids])
+    expected.append(ANY if tags is None else _shared(cache, tags))
+    return expected
+
+
+def _shared(cache: dict[Any, list[Any]], values: list[Any]) -> list[Any]:
+    """The cell ``[0, values]``, one for equal lists (keyed apart from scalars by a marker)."""
+    try:
+        key = (_Any, *values)
+        cell = cache.get(key)
+    except TypeError:  # an unhashable value: a cell of its own
+        return [0, values]
+    return cell if cell is not None else cache.setdefault(key, [0, values])
+
+
+class PassRows:
+    """One backend's rows in the pass's snapshot: the :func:`~._fetch.live_rows` tuples (those
+    with cells as the database gave them: :func:`~._fetch.decoded_row`), the cells each settles
+    with (:func:`expected_cells`), and the jobs not final."""
+
+    __slots__ = ("expected", "jobs", "rows", "taken_at")
+
+    def __init__(
+        self,
+        rows: dict[str, tuple[Any, ...]],
+        expected: dict[str, list[Any]],
+        jobs: dict[int, StoredJob],
+        taken_at: float,
+    ) -> None:
+        self.rows, self.expected, self.jobs, self.taken_at = rows, expected, jobs, taken_at
+
+
+def read_pass_rows(conn: Connection, backend: str, taken_at: float) -> PassRows:
+    """One backend's :class:`PassRows` (run in the pinned snapshot taken at ``taken_at``).
+
+    A row that can settle by its cells is kept as the database gave it (its JSON columns as
+    texts on SQLite: a few objects, not a few dozen), decoded again only if it does not."""
+    rows: dict[str, tuple[Any, ...]] = {}
+    expected = {}
+    made: dict[Any, list[Any]] = {}
+    with gc_paused():
+        for raw in live_rows_raw(conn, backend):
+            row = decoded_row(raw)
+            cells = expected_cells(row, made)
+            if cells is None:
+                rows[row[0]] = row
+            else:
+                rows[row[0]] = tuple(raw)
+                expected[row[0]] = cells
+    jobs = read_jobs(conn, backend=backend, status=_NOT_FINAL)
+    return PassRows(rows, expected, {job.job_id: job for job in jobs}, taken_at)
+
+
+def settle(
+    backend: str, read: PassRows, items: list[list[Any]], where: str
+) -> tuple[dict[str, SnapshotRow], dict[str, QueriedInstance], int]:
+    """Ganeti's answer (:meth:`RapiClient.query_cells` of :data:`INSTANCE_FIELDS`) against the
+    rows: (the rows left, Ganeti's instances left, how many settled). A row and an instance
+    that settle are in neither; the others go to :func:`~._plan.plan`."""
+    expected = read.expected.get
+    settled: set[str] = set()
+    left: dict[str, QueriedInstance] = {}
+    with gc_paused():
+        for cells in items:
+            want = expected(cells[I_NAME][1]) if type(cells[I_NAME]) is list else None
+            if want is not None and want == cells:
+                settled.add(want[I_NAME][1])
+                continue
+            try:
+                values = cell_values(cells)
+            except ValueError:
+                raise RapiError(
+                    f"{where}: PUT /2/query/instance answered an item of an unexpected shape "
+                    f"(not {_WIDTH} [status, value] cells); report this with the Ganeti version"
+                ) from None
+            left[str(values[I_NAME])] = QueriedInstance(values)
+        rows = {
+            name: snapshot_row(backend, decoded_row(row) if name in read.expected else row)
+            for name, row in read.rows.items()
+            if name not in settled
+        }
+    return rows, left, len(settled)
+
+
+class PassReads:
+    """Every backend's :class:`PassRows` of one pass, read in turn in one pinned snapshot.
+
+    ``async with PassReads(store, names) as reads``: the snapshot is taken on entering
+    (:meth:`pinned` then returns, and a backend may be asked); ``await reads.rows(name)``
+    waits for that backend's rows. The snapshot is let go once every backend's rows are read.
+    ``pinned`` False (an in-memory database, see :mod:`synnefo_ganeti.store._pinned`): ask
+    a backend only after its rows are read.
+    """
+
+    def __init__(self, store: Store, names: Sequence[str]) -> None:
+        self._store = store
+        self._names = list(names)
+        loop = asyncio.get_running_loop()
+        self._pin: asyncio.Future[bool] = loop.create_future()
+        self._rows: dict[str, asyncio.Future[PassRows]] = {name: loop.create_future() for name in self._names}
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._done: asyncio.Future[PassRows] = loop.create_future()
+        self._done.set_exception(RuntimeError("this backend's rows of the pass were handed over already"))
+
+    async def __aenter__(self) -> PassReads:
+        self._task = asyncio.ensure_future(self._read_all())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._task is not None
+        self._stopped = True  # (a read running in its thread stops at the next backend)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        for future in self._futures():
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: an unread failure is not logged as lost
+            else:
+                future.cancel()
+
+    def _futures(self) -> list[asyncio.Future[Any]]:
+        return [self._pin, self._done, *self._rows.values()]
+
+    async def pinned(self) -> bool:
+        """Wait until the snapshot is taken; False when none is held (read first, then ask)."""
+        return await asyncio.shield(self._pin)
+
+    async def rows(self, backend: str) -> PassRows:
+        """That backend's rows, once (handed over: a pass's rows are not kept past their check)."""
+        rows = await asyncio.shield(self._rows[backend])
+        self._rows[backend] = self._done  # another call finds the rows gone (RuntimeError), not stale ones
+        return rows
+
+    def ready(self, backend: str) -> PassRows | None:
+        """That backend's rows if read already (handed over, as :meth:`rows`), else None."""
+        future = self._rows[backend]
+        if not future.done() or future.exception() is not None:
+            return None
+        self._rows[backend] = self._done
+        return future.result()
+
+    async def _read_all(self) -> None:
+        try:
+            taken_at = time.time()
+            async with self._store.pinned_read() as read:
+                self._pin.set_result(read.pinned)
+                if read.pinned:  # in the read's thread (a SQLite file), each handed over when read
+                    loop = asyncio.get_running_loop()
+                    await read.call(functools.partial(self._read_each, loop=loop, taken_at=taken_at))
+                    return
+                for name in self._names:  # each read its own snapshot: taken now
+                    taken_at = time.time()
+                    self._deliver(
+                        name,
+                        await read.call(functools.partial(read_pass_rows, backend=name, taken_at=taken_at)),
+                    )
+        except Exception as exc:  # each backend reports it (its check fails with it)
+            for future in self._futures():
+                if not future.done():
+                    future.set_exception(exc)
+
+    def _read_each(self, conn: Connection, *, loop: asyncio.AbstractEventLoop, taken_at: float) -> None:
+        for name in self._names:
+            if self._stopped:
+                return
+            loop.call_soon_threadsafe(self._deliver, name, read_pass_rows(conn, name, taken_at))
+
+    def _deliver(self, name: str, rows: PassRows) -> None:
+        future = self._rows[name]
+        if not future.done():
+            future.set_result(rows)
