@@ -36,7 +36,8 @@ the bytes of RAPI answers read in the cycle per instance, ``bytes_per_instance_b
 for the two bulk listings the reconciler read before (``GET /2/instances?bulk=1`` and
 ``/2/jobs?bulk=1``, read after the cycle from the same fakes); ``peak_rss_mb`` this process's
 peak resident memory (``getrusage``) right after the cycle, its setup included;
-``drifts_expected`` those injected, ``drifts_found`` those of the report matching one
+``settled`` the instances found as their rows expect by comparing Ganeti's cells whole
+(the pass's fast path, ``reconcile/_pass.py``); ``drifts_expected`` those injected, ``drifts_found`` those of the report matching one
 (kind, backend, instance), ``drifts_unexpected`` the others. The same cycle is run again
 on ``--backends`` x ``--instances``/10 (``db_queries_small``) and on 2 x ``--instances``
 (``db_queries_2_backends``): the statements grow with backends, not with instances; above
@@ -390,6 +391,7 @@ async def run_config(fakes: Fakes, args: argparse.Namespace, folder: str) -> dic
             "cycle_cpu_s": round(cycle_cpu, 3),
             "serial_estimate_s": round(sum(b.duration for b in report.backends), 3),
             "db_queries": counter.count,
+            "settled": sum(b.settled for b in report.backends),
             "drifts_found": len(found & expected),
             "drifts_expected": len(expected),
             "drifts_unexpected": len(report.drifts) - len(found & expected),

@@ -79,6 +79,8 @@ class BackendReport:
     observed: int = 0
     #: the network and address drifts (reconcile/_networks.py)
     networks: list[NetworkDrift] = field(default_factory=list)
+    #: instances found as their rows expect by comparing Ganeti's cells whole (``_pass.settle``)
+    settled: int = 0
 
     __json_fields__ = ("name", "ok", "error", "drifts", "networks")
 
@@ -249,9 +251,16 @@ class Reconciler(BackendResources):
         Ganeti's cells equal to those the row expects) are in neither snapshot: :func:`plan`
         has nothing to say of them, nor :func:`observed_changes`.
         """
+        db, gnt, _settled = await self._snapshots(backend, reads)
+        return db, gnt
+
+    async def _snapshots(
+        self, backend: str, reads: PassReads | None
+    ) -> tuple[DbSnapshot, GanetiSnapshot, int]:
+        """:meth:`snapshots`, and how many settled."""
         if reads is None:
             async with PassReads(self.store, [backend]) as own:
-                return await self.snapshots(backend, own)
+                return await self._snapshots(backend, own)
         client = await self.client(backend)
         # no snapshot held (an in-memory database): read before asking
         early = None if await reads.pinned() else await reads.rows(backend)
@@ -269,7 +278,7 @@ class Reconciler(BackendResources):
         if read is None:  # the answer came before the rows
             read = await reads.rows(backend)
             settled = settle(backend, read, settled(), client.where)
-        rows, instances, _count = settled
+        rows, instances, count = settled
         db = DbSnapshot(backend=backend, instances=rows, jobs=read.jobs, taken_at=read.taken_at)
         gnt = await complete_ganeti(
             client,
@@ -288,7 +297,7 @@ class Reconciler(BackendResources):
         if unheld:
             ended, _ = await read_db(self.store, backend, live=False, destroyed=unheld)
             db = dataclasses.replace(db, instances={**ended, **db.instances})
-        return db, gnt
+        return db, gnt, count
 
     async def _check_networks(
         self, backend: str, fixes: Collection[NetworkDriftKind | str], delete_orphans: bool, timeout: float
@@ -330,7 +339,7 @@ class Reconciler(BackendResources):
         )
         try:
             async with asyncio.timeout(timeout):
-                db, gnt = await self.snapshots(backend, reads)
+                db, gnt, settled = await self._snapshots(backend, reads)
             drifts = plan(db, gnt, build_grace=self.build_grace)
             for drift in drifts:
                 DRIFT_FOUND.labels(backend, drift.kind.value).inc()
@@ -374,6 +383,7 @@ class Reconciler(BackendResources):
             duration=time.monotonic() - started,
             observed=observed_count,
             networks=network_drifts,
+            settled=settled,
         )
 
     async def run_once(

@@ -323,3 +323,20 @@ def test_the_fast_path_is_the_one_the_reconciler_takes() -> None:
     assert (rows, instances, count) == ({}, {}, 1)
     assert snapshot_row(B, row_tuple(row)).status is InstanceStatus.STARTED
     assert asyncio.iscoroutinefunction(RapiClient.query_cells_into)
+
+
+async def test_a_second_pass_settles_what_the_first_recorded(db_url: str) -> None:
+    """The first pass records what Ganeti made (NICs, disks, memory...); the next settles
+    those instances by their cells, and finds nothing."""
+    async with open_fake() as (fake, client), Store(db_url) as store:
+        await client.wait_for_job(await client.create_instance(helpers.spec("vm2")))
+        for instance in ("vm1", "vm2"):
+            await store.add_instance(B, instance, status=InstanceStatus.STARTED, os="noop")
+        backend = {"name": B, "url": fake.url, "username": fake.username, "password": fake.password}
+        settings = Settings(database={"url": db_url}, backends=[backend])
+        async with Reconciler(settings, store=store) as reconciler:
+            first = await reconciler.run_once()
+            second = await reconciler.run_once()
+    assert first.clean and second.clean, (first.summary(), second.summary())
+    assert (first.backends[0].settled, first.backends[0].observed) == (0, 2)
+    assert (second.backends[0].settled, second.backends[0].observed) == (2, 0)
