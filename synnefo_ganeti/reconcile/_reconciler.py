@@ -396,6 +396,7 @@ class Reconciler(BackendResources):
     ) -> Report:
         """Every backend (or the named ones) at once; a failing one does not stop the others."""
         names = list(backends) if backends is not None else [b.name for b in self.settings.backends]
+        names = list(dict.fromkeys(names))  # a backend named twice is checked once
         for name in names:
             self.settings.backend(name)  # ConfigError for an unknown name, before any work
         fixes = frozenset(Fix(fix) for fix in fixes)

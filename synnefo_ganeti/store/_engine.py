@@ -110,21 +110,17 @@ class Database:
         an in-memory database has one connection, the async engine's."""
         if self.dialect != "sqlite" or self.in_memory:
             return
-        engine = create_engine(
-            self.url.set(drivername="sqlite+pysqlite"),
-            connect_args={"timeout": self.busy_timeout, "check_same_thread": False},
-            pool_size=1,
-            max_overflow=0,
-            **_JSON_OPTIONS,
-        )
-        self._sqlite_events(engine)
-        self.sync_engine = engine
+        self.sync_engine = self._sync_engine()
         self.sync_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
 
     def make_sync_reader(self) -> Engine:
         """A SQLite file: a synchronous engine of one connection for reads from a thread of
         their own (a pinned read, :mod:`._pinned`); its owner disposes of it."""
         assert self.dialect == "sqlite" and not self.in_memory
+        return self._sync_engine()
+
+    def _sync_engine(self) -> Engine:
+        """A synchronous engine of one connection on the SQLite file, used from one thread."""
         engine = create_engine(
             self.url.set(drivername="sqlite+pysqlite"),
             connect_args={"timeout": self.busy_timeout, "check_same_thread": False},

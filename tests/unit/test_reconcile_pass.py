@@ -340,3 +340,12 @@ async def test_a_second_pass_settles_what_the_first_recorded(db_url: str) -> Non
     assert first.clean and second.clean, (first.summary(), second.summary())
     assert (first.backends[0].settled, first.backends[0].observed) == (0, 2)
     assert (second.backends[0].settled, second.backends[0].observed) == (2, 0)
+
+
+async def test_a_backend_named_twice_is_checked_once(tmp_path: Any) -> None:
+    async with open_fake() as (fake, _client), Store(f"sqlite:///{tmp_path / 's.db'}") as store:
+        backend = {"name": B, "url": fake.url, "username": fake.username, "password": fake.password}
+        settings = Settings(database={"url": f"sqlite:///{tmp_path / 's.db'}"}, backends=[backend])
+        async with Reconciler(settings, store=store) as reconciler:
+            report = await reconciler.run_once(backends=[B, B])
+    assert [b.name for b in report.backends] == [B] and report.ok
