@@ -275,19 +275,28 @@ def plan_networks(snapshot: NetworkSnapshot, *, grace: float = NETWORK_GRACE) ->
 
 
 async def snapshot_networks(
-    store: Store, client: RapiClient, backend: str, *, owns: Callable[[str, list[str]], bool] | None = None
+    store: Store,
+    client: RapiClient,
+    backend: str,
+    *,
+    owns: Callable[[str, list[str]], bool] | None = None,
+    stored: Iterable[StoredNetwork] | None = None,
 ) -> NetworkSnapshot:
     """The stored networks, then Ganeti's (``GET /2/networks?bulk=1``); the stored instances
-    only when the backend has a stored network (their NICs are what address drift compares)."""
+    only when the backend has a stored network (their NICs are what address drift compares).
+    ``stored``: the networks read already (the reconciler's pass reads them once, in its
+    snapshot); None: read now."""
     taken_at = time.time()
-    stored = {network.name: network for network in await NetworkStore(store).all()}
+    if stored is None:
+        stored = await NetworkStore(store).all()
+    networks = {network.name: network for network in stored}
     ganeti = {net.name: net for net in await client.list_networks()}
     instances: list[StoredInstance] = []
-    if any(network.on(backend) is not None for network in stored.values()):
+    if any(network.on(backend) is not None for network in networks.values()):
         live = [s for s in InstanceStatus if s is not InstanceStatus.DESTROYED]
         instances = await store.list_instances(backend=backend, status=live)
     owned = frozenset(name for name, net in ganeti.items() if owns is not None and owns(name, list(net.tags)))
-    return NetworkSnapshot(backend, stored, instances, ganeti, owned, taken_at)
+    return NetworkSnapshot(backend, networks, instances, ganeti, owned, taken_at)
 
 
 async def _remove_orphan(client: RapiClient, net: Network, *, timeout: float | None) -> None:
@@ -380,9 +389,10 @@ async def check_networks(
     delete_orphans: bool = False,
     grace: float = NETWORK_GRACE,
     timeout: float | None = None,
+    stored: Iterable[StoredNetwork] | None = None,
 ) -> list[NetworkDrift]:
     """One backend: the snapshot, the plan, the fixes asked for; the drifts found."""
-    snapshot = await snapshot_networks(store, client, backend, owns=owns)
+    snapshot = await snapshot_networks(store, client, backend, owns=owns, stored=stored)
     drifts = plan_networks(snapshot, grace=grace)
     fixes = list(fixes)
     if drifts and (fixes or delete_orphans):

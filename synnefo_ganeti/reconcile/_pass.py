@@ -44,6 +44,7 @@ from synnefo_ganeti.reconcile._fetch import (
 )
 from synnefo_ganeti.store import InstanceStatus, Store, StoredJob
 from synnefo_ganeti.store._jobs import read_jobs
+from synnefo_ganeti.store._networks import StoredNetwork, read_networks
 
 __all__ = ["ANY", "PassReads", "PassRows", "expected_cells", "read_pass_rows", "settle"]
 
@@ -226,8 +227,9 @@ class PassReads:
     """Every backend's :class:`PassRows` of one pass, read in turn in one pinned snapshot.
 
     ``async with PassReads(store, names) as reads``: the snapshot is taken on entering
-    (:meth:`pinned` then returns, and a backend may be asked); ``await reads.rows(name)``
-    waits for that backend's rows. The snapshot is let go once every backend's rows are read.
+    (:meth:`pinned` then returns, and a backend may be asked); the stored networks are read
+    first, once (:meth:`networks`, for each backend's network check), then each backend's rows
+    (``await reads.rows(name)`` waits for one backend's). The snapshot is let go once all are read.
     ``pinned`` False (an in-memory database, see :mod:`synnefo_ganeti.store._pinned`): ask
     a backend only after its rows are read.
     """
@@ -237,6 +239,7 @@ class PassReads:
         self._names = list(names)
         loop = asyncio.get_running_loop()
         self._pin: asyncio.Future[bool] = loop.create_future()
+        self._networks: asyncio.Future[list[StoredNetwork]] = loop.create_future()
         self._rows: dict[str, asyncio.Future[PassRows]] = {name: loop.create_future() for name in self._names}
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -260,11 +263,15 @@ class PassReads:
                 future.cancel()
 
     def _futures(self) -> list[asyncio.Future[Any]]:
-        return [self._pin, self._done, *self._rows.values()]
+        return [self._pin, self._networks, self._done, *self._rows.values()]
 
     async def pinned(self) -> bool:
         """Wait until the snapshot is taken; False when none is held (read first, then ask)."""
         return await asyncio.shield(self._pin)
+
+    async def networks(self) -> list[StoredNetwork]:
+        """Every stored network, read once in the pass's snapshot (each backend's network check)."""
+        return await asyncio.shield(self._networks)
 
     async def rows(self, backend: str) -> PassRows:
         """That backend's rows, once (handed over: a pass's rows are not kept past their check)."""
@@ -285,16 +292,21 @@ class PassReads:
             taken_at = time.time()
             async with self._store.pinned_read() as read:
                 self._pin.set_result(read.pinned)
+                self._networks.set_result(await read.call(read_networks))
                 if read.pinned:  # in the read's thread (a SQLite file), each handed over when read
                     loop = asyncio.get_running_loop()
                     await read.call(functools.partial(self._read_each, loop=loop, taken_at=taken_at))
-                    return
-                for name in self._names:  # each read its own snapshot: taken now
-                    taken_at = time.time()
-                    self._deliver(
-                        name,
-                        await read.call(functools.partial(read_pass_rows, backend=name, taken_at=taken_at)),
-                    )
+                else:
+                    for name in self._names:  # each read its own snapshot: taken now
+                        if self._stopped:
+                            break
+                        taken_at = time.time()
+                        self._deliver(
+                            name,
+                            await read.call(
+                                functools.partial(read_pass_rows, backend=name, taken_at=taken_at)
+                            ),
+                        )
         except Exception as exc:  # each backend reports it (its check fails with it)
             for future in self._futures():
                 if not future.done():

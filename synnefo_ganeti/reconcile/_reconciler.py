@@ -300,7 +300,12 @@ class Reconciler(BackendResources):
         return db, gnt, count
 
     async def _check_networks(
-        self, backend: str, fixes: Collection[NetworkDriftKind | str], delete_orphans: bool, timeout: float
+        self,
+        backend: str,
+        fixes: Collection[NetworkDriftKind | str],
+        delete_orphans: bool,
+        timeout: float,
+        reads: PassReads | None,
     ) -> list[NetworkDrift]:
         async with asyncio.timeout(timeout):
             client = await self.client(backend)
@@ -312,6 +317,7 @@ class Reconciler(BackendResources):
                 fixes=fixes,
                 delete_orphans=delete_orphans,
                 timeout=timeout,
+                stored=None if reads is None else await reads.networks(),  # the pass's: read once
             )
         for drift in drifts:
             DRIFT_FOUND.labels(backend, drift.kind.value).inc()
@@ -335,7 +341,7 @@ class Reconciler(BackendResources):
         drifts: list[Drift] = []  # kept when the fixes fail: what was found is still reported
         observed_count = 0
         networks = asyncio.ensure_future(
-            self._check_networks(backend, network_fixes, delete_orphans, timeout)
+            self._check_networks(backend, network_fixes, delete_orphans, timeout, reads)
         )
         try:
             async with asyncio.timeout(timeout):

@@ -37,6 +37,7 @@ __all__ = [
     "StoredNetwork",
     "network_backends_t",
     "networks_t",
+    "read_networks",
 ]
 
 networks_t = cast(Table, NetworkRow.__table__)
@@ -124,6 +125,12 @@ def _network_id(conn: Connection, name: str) -> int:
     if found is None:
         raise NotFoundError(f"network {name} is not in the database; list them with list_networks()")
     return int(found)
+
+
+def read_networks(conn: Connection) -> list[StoredNetwork]:
+    """Every network, by name, on a synchronous connection (:meth:`NetworkStore.all`; the
+    reconciler's pass reads them once, in its snapshot)."""
+    return _read(conn, None)
 
 
 def _read(conn: Connection, name: str | None) -> list[StoredNetwork]:
