@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -263,11 +262,11 @@ async def test_dead_and_slow_backends_do_not_stop_the_others(db_url: str) -> Non
     ):
         dead = ("dead", f"http://127.0.0.1:{closed_port()}", "user", "password")
         settings = settings_for(db_url, backend_of("good", good), backend_of("slow", slow), dead, timeout=1.0)
-        started = time.monotonic()
         async with Reconciler(settings) as reconciler:
             await reconciler.store.add_instance("good", "sg-x", status=InstanceStatus.STARTED)
             report = await reconciler.run_once()
-        elapsed = time.monotonic() - started
+            # its answers take 3 s (counted from each connection's accept): still being made
+            answering = slow.rapi.active
     by_name = {b.name: b for b in report.backends}
     assert [b.name for b in report.backends] == ["good", "slow", "dead"]
     assert by_name["good"].ok and [(d.kind.value, d.instance) for d in by_name["good"].drifts] == [
@@ -277,7 +276,7 @@ async def test_dead_and_slow_backends_do_not_stop_the_others(db_url: str) -> Non
     assert "timeout" in (by_name["slow"].error or "")
     assert not by_name["dead"].ok and "dead" in (by_name["dead"].error or "")
     assert "Traceback" not in (by_name["dead"].error or "")
-    assert elapsed < 2.9  # the slow backend was cut at its timeout
+    assert answering > 0  # the pass ended before the slow backend answered: cut at its timeout
     assert report.to_json()["backends"][2] == {
         "name": "dead", "ok": False, "error": by_name["dead"].error, "drifts": [], "networks": [],
     }  # fmt: skip
