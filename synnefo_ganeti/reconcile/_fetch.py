@@ -302,7 +302,7 @@ def _backend_id(backend: str) -> Any:
 def live_rows(conn: Connection, backend: str) -> dict[str, tuple[Any, ...]]:
     """The backend's live rows by name, as tuples of :data:`_COLUMNS` with the JSON columns
     decoded (:func:`snapshot_row` makes a :class:`SnapshotRow` of one)."""
-    return _decoded(conn.execute(select(*_COLUMNS).where(_c.backend_id == _backend_id(backend), _LIVE)))
+    return _decoded(live_rows_raw(conn, backend))
 
 
 def read_rows(
