@@ -21,9 +21,10 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+import orjson
 from sqlalchemy import Connection
 
 from synnefo_ganeti._gc import gc_paused
@@ -32,14 +33,18 @@ from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import cell_values
 from synnefo_ganeti.reconcile._fetch import (
     BE_INDEX,
+    I_DISK_UUIDS,
+    I_IPS,
+    I_MACS,
     I_NAME,
     I_OS,
     I_PNODE,
+    I_TAGS,
     INSTANCE_FIELDS,
     QueriedInstance,
     SnapshotRow,
     decoded_row,
-    live_rows_raw,
+    live_rows_plain,
     snapshot_row,
 )
 from synnefo_ganeti.store import InstanceStatus, Store, StoredJob
@@ -91,12 +96,24 @@ def expected_cells(row: Sequence[Any], made: dict[Any, list[Any]] | None = None)
     cell: the comparisons are by equality): most rows' cells are the same few (one OS, a
     few nodes and sizes, one tag), made once and held once (~0.5 KB a row, not ~2.5)."""
     name, status, owned, _job, _updated, os_, be, nics, disks, tags, memory, vcpus, pnode = row
-    states = _STATES.get(status)
-    if states is None or not owned or type(nics) is not list or type(disks) is not list:
+    if type(nics) is not list or type(disks) is not list:
         return None
     cache = {} if made is None else made
+    common = _common_cells(status, owned, os_, be, tags, memory, vcpus, pnode, cache)
+    return None if common is None else _with_devices(common, name, nics, disks, cache)
+
+
+def _common_cells(
+    status: Any, owned: Any, os_: Any, be: Any, tags: Any, memory: Any, vcpus: Any, pnode: Any,
+    cache: dict[Any, list[Any]],
+) -> list[Any] | None:  # fmt: skip
+    """The cells that do not depend on the row's name, NICs or disks (None at those places),
+    or None when the row cannot settle by its cells."""
+    states = _STATES.get(status)
+    if states is None or not owned:
+        return None
     get = cache.get
-    expected = [[0, name], states[0], states[1], ANY, None, None, ANY, ANY, ANY, ANY, ANY, ANY]
+    expected = [None, states[0], states[1], ANY, None, None, ANY, ANY, ANY, ANY, ANY, ANY]
     for index, value in ((I_OS, os_), (I_PNODE, pnode), (_MAXMEM, memory), (_VCPUS, vcpus)):
         cell = get(value)
         expected[index] = cell if cell is not None else cache.setdefault(value, [0, value])
@@ -119,16 +136,23 @@ def expected_cells(row: Sequence[Any], made: dict[Any, list[Any]] | None = None)
             except TypeError:  # not a scalar: Ganeti's beparams are
                 return None
             expected[be_index] = shared if shared is not None else cache.setdefault(want, [0, want])
+    expected.extend([None] * (I_TAGS - I_MACS))  # the NICs' and disks' cells
+    expected.append(ANY if tags is None else _shared(cache, tags))
+    return expected
+
+
+def _with_devices(
+    common: list[Any], name: Any, nics: list[Any], disks: list[Any], cache: dict[Any, list[Any]]
+) -> list[Any] | None:
+    """``common`` with the name's, the NICs' and the disks' cells, or None when the NICs or
+    disks are not as the observer records them (Ganeti's values, every key)."""
     try:
-        macs, ips, networks, modes, links = [], [], [], [], []
+        macs, others = [], []
         for nic in nics:
             if nic.keys() != _NIC_KEYS:
                 return None
             macs.append(nic["mac"])
-            ips.append(nic["ip"])
-            networks.append(nic["network"])
-            modes.append(nic["mode"])
-            links.append(nic["link"])
+            others.append((nic["ip"], nic["network"], nic["mode"], nic["link"]))
         sizes, uuids = [], []
         for disk in disks:
             if disk.keys() != _DISK_KEYS:
@@ -137,11 +161,27 @@ def expected_cells(row: Sequence[Any], made: dict[Any, list[Any]] | None = None)
             uuids.append(disk["uuid"])
     except AttributeError:  # a NIC or disk not a dict
         return None
-    expected.append([0, macs])  # a MAC is one instance's: not shared
-    expected.extend([_shared(cache, values) for values in (ips, networks, modes, links, sizes)])
-    expected.append([0, uuids])
-    expected.append(ANY if tags is None else _shared(cache, tags))
+    expected = common.copy()
+    expected[I_NAME] = [0, name]
+    expected[I_MACS] = [0, macs]  # a MAC is one instance's: not shared
+    expected[I_IPS:I_DISK_UUIDS] = _nic_and_size_cells(cache, others, sizes)
+    expected[I_DISK_UUIDS] = [0, uuids]
     return expected
+
+
+def _nic_and_size_cells(cache: dict[Any, Any], others: list[tuple[Any, ...]], sizes: list[Any]) -> Any:
+    """The ips, networks, modes, links and sizes cells, one list of them for equal values."""
+    try:
+        key = (_Any, _NIC_KEYS, *others, _DISK_KEYS, *sizes)
+        found = cache.get(key)
+    except TypeError:  # an unhashable value: cells of their own
+        key, found = None, None
+    if found is None:
+        found = [[0, list(values)] for values in zip(*others, strict=True)] if others else [[0, []]] * 4
+        found.append([0, sizes])
+        if key is not None:
+            cache[key] = found
+    return found
 
 
 def _shared(cache: dict[Any, list[Any]], values: list[Any]) -> list[Any]:
@@ -154,12 +194,49 @@ def _shared(cache: dict[Any, list[Any]], values: list[Any]) -> list[Any]:
     return cell if cell is not None else cache.setdefault(key, [0, values])
 
 
+class _TextRows:
+    """:func:`expected_cells` of rows whose JSON columns are SQLite's texts: the cells that do
+    not depend on the row's name, NICs or disks are made once per distinct (status, owned, OS,
+    node, memory, vCPUs, beparams text, tags text), which most rows share; the NICs and disks
+    are decoded in one call. The result is :func:`expected_cells`' of the decoded row
+    (tests/unit/test_reconcile_pass.py checks it)."""
+
+    __slots__ = ("cache", "common")
+
+    def __init__(self, cache: dict[Any, Any]) -> None:
+        self.cache = cache
+        self.common: dict[tuple[Any, ...], list[Any] | None] = {}
+
+    @staticmethod
+    def texts(row: Sequence[Any]) -> bool:
+        """Whether the row's four JSON columns are texts (else decode it: :func:`expected_cells`)."""
+        return str is type(row[6]) is type(row[7]) is type(row[8]) is type(row[9])
+
+    def cells(self, row: Sequence[Any]) -> list[Any] | None:
+        """The row's cells (:meth:`texts` rows), None when it cannot settle by them."""
+        name, status, owned, _job, _updated, os_, be, nics, disks, tags, memory, vcpus, pnode = row
+        key = (status, owned, os_, pnode, memory, vcpus, be, tags)
+        if key in self.common:
+            common = self.common[key]
+        else:
+            common = self.common[key] = _common_cells(
+                status, owned, os_, orjson.loads(be), orjson.loads(tags), memory, vcpus, pnode, self.cache
+            )
+        if common is None:
+            return None
+        devices = orjson.loads(f"[{nics},{disks}]")
+        if type(devices[0]) is not list or type(devices[1]) is not list:
+            return None
+        return _with_devices(common, name, devices[0], devices[1], self.cache)
+
+
 class PassRows:
     """One backend's rows in the pass's snapshot: the :func:`~._fetch.live_rows` tuples (those
-    with cells as the database gave them: :func:`~._fetch.decoded_row`), the cells each settles
-    with (:func:`expected_cells`), and the jobs not final."""
+    with cells as the database gave them: ``process`` then :func:`~._fetch.decoded_row` make
+    them such a tuple), the cells each settles with (:func:`expected_cells`), and the jobs not
+    final."""
 
-    __slots__ = ("expected", "jobs", "rows", "taken_at")
+    __slots__ = ("expected", "jobs", "process", "rows", "taken_at")
 
     def __init__(
         self,
@@ -167,29 +244,47 @@ class PassRows:
         expected: dict[str, list[Any]],
         jobs: dict[int, StoredJob],
         taken_at: float,
+        process: Callable[[Any], Any] | None = None,
     ) -> None:
         self.rows, self.expected, self.jobs, self.taken_at = rows, expected, jobs, taken_at
+        self.process = process
+
+    def row(self, name: str) -> tuple[Any, ...]:
+        """The :func:`~._fetch.live_rows` tuple of ``name``'s row."""
+        row = self.rows[name]
+        if name not in self.expected:
+            return row
+        return decoded_row(row if self.process is None else self.process(row))
 
 
 def read_pass_rows(conn: Connection, backend: str, taken_at: float) -> PassRows:
     """One backend's :class:`PassRows` (run in the pinned snapshot taken at ``taken_at``).
 
-    A row that can settle by its cells is kept as the database gave it (its JSON columns as
-    texts on SQLite: a few objects, not a few dozen), decoded again only if it does not."""
+    A row that can settle by its cells is kept as the database gave it (SQLite: the cursor's
+    tuple, its JSON columns texts: a few objects, not a few dozen), made a full row again only
+    if it does not settle (:meth:`PassRows.row`)."""
     rows: dict[str, tuple[Any, ...]] = {}
     expected = {}
     made: dict[Any, list[Any]] = {}
+    texts = _TextRows(made)
+    plain, process = live_rows_plain(conn, backend)
     with gc_paused():
-        for raw in live_rows_raw(conn, backend):
-            row = decoded_row(raw)
-            cells = expected_cells(row, made)
-            if cells is None:
-                rows[row[0]] = row
-            else:
-                rows[row[0]] = tuple(raw)
-                expected[row[0]] = cells
+        for raw in plain:
+            if texts.texts(raw):
+                cells = texts.cells(raw)
+                if cells is None:
+                    rows[raw[0]] = decoded_row(process(raw))
+                    continue
+            else:  # PostgreSQL's decoded JSON, or a NULL column
+                row = decoded_row(process(raw))
+                cells = expected_cells(row, made)
+                if cells is None:
+                    rows[row[0]] = row
+                    continue
+            rows[raw[0]] = raw if type(raw) is tuple else tuple(raw)
+            expected[raw[0]] = cells
     jobs = read_jobs(conn, backend=backend, status=_NOT_FINAL)
-    return PassRows(rows, expected, {job.job_id: job for job in jobs}, taken_at)
+    return PassRows(rows, expected, {job.job_id: job for job in jobs}, taken_at, process)
 
 
 def settle(
@@ -215,11 +310,7 @@ def settle(
                     f"(not {_WIDTH} [status, value] cells); report this with the Ganeti version"
                 ) from None
             left[str(values[I_NAME])] = QueriedInstance(values)
-        rows = {
-            name: snapshot_row(backend, decoded_row(row) if name in read.expected else row)
-            for name, row in read.rows.items()
-            if name not in settled
-        }
+        rows = {name: snapshot_row(backend, read.row(name)) for name in read.rows if name not in settled}
     return rows, left, len(settled)
 
 

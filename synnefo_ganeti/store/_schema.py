@@ -128,6 +128,8 @@ class Instance(Base):
             postgresql_where=text(f"status <> '{DESTROYED}'"),
             sqlite_where=text(f"status <> '{DESTROYED}'"),
         ),
+        # every other look by name (whatever the status, or across backends: migration 0009)
+        Index("ix_instances_name", "name"),
         UniqueConstraint("uuid"),
     )
 

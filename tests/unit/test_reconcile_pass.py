@@ -10,6 +10,7 @@ import gc
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -19,8 +20,16 @@ from synnefo_ganeti.config import Settings
 from synnefo_ganeti.errors import RapiError, StoreError
 from synnefo_ganeti.rapi import cell_values
 from synnefo_ganeti.reconcile import Reconciler
-from synnefo_ganeti.reconcile._fetch import INSTANCE_FIELDS, live_rows, snapshot_row
-from synnefo_ganeti.reconcile._pass import ANY, PassReads, PassRows, expected_cells, settle
+from synnefo_ganeti.reconcile._fetch import (
+    I_IPS,
+    I_SIZES,
+    INSTANCE_FIELDS,
+    live_rows,
+    live_rows_plain,
+    live_rows_raw,
+    snapshot_row,
+)
+from synnefo_ganeti.reconcile._pass import ANY, PassReads, PassRows, _TextRows, expected_cells, settle
 from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
 from synnefo_ganeti.testing import FakeGaneti, FakeInstance
 from synnefo_ganeti.testing import _query as fake_query
@@ -95,22 +104,22 @@ def test_the_cells_a_started_and_a_stopped_row_expect() -> None:
     assert repr(ANY) == "ANY" and ANY == 1 and (ANY != [0, 1]) is False
 
 
-@pytest.mark.parametrize(
-    "row_changes",
-    [
-        {"status": InstanceStatus.BUILD},
-        {"status": InstanceStatus.ERROR},
-        {"nics": None},
-        {"disks": None},
-        {"nics": [{"mac": "aa:00:00:00:00:01"}]},  # as asked, not as Ganeti made it
-        {"disks": [{"size": 1024}]},
-        {"beparams": {"nosuch": 1}},
-        {"beparams": {"maxmem": 1024}},  # against memory 512: never settles
-        {"beparams": {"maxmem": [512]}},
-    ],
-    ids=["build", "error", "no nics", "no disks", "nics as asked", "disks as asked",
-         "unknown beparam", "maxmem against memory", "beparam not a scalar"],
-)  # fmt: skip
+CANNOT_SETTLE: list[dict[str, Any]] = [
+    {"status": InstanceStatus.BUILD},
+    {"status": InstanceStatus.ERROR},
+    {"nics": None},
+    {"disks": None},
+    {"nics": [{"mac": "aa:00:00:00:00:01"}]},  # as asked, not as Ganeti made it
+    {"disks": [{"size": 1024}]},
+    {"beparams": {"nosuch": 1}},
+    {"beparams": {"maxmem": 1024}},  # against memory 512: never settles
+    {"beparams": {"maxmem": [512]}},
+]
+CANNOT_SETTLE_IDS = ["build", "error", "no nics", "no disks", "nics as asked", "disks as asked",
+                     "unknown beparam", "maxmem against memory", "beparam not a scalar"]  # fmt: skip
+
+
+@pytest.mark.parametrize("row_changes", CANNOT_SETTLE, ids=CANNOT_SETTLE_IDS)
 def test_rows_that_cannot_settle_by_their_cells_expect_none(row_changes: dict[str, Any]) -> None:
     assert expected_cells(row_tuple(stored(fake_instance(), **row_changes))) is None
 
@@ -128,6 +137,69 @@ def test_equal_rows_share_their_cells() -> None:
     assert one is not None and two is not None
     assert one[4] is two[4] and one[-1] is two[-1]  # os, tags: one cell
     assert one[0] != two[0]
+
+
+def as_texts(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``row`` as SQLite's cursor gives it: the JSON columns texts, ``owned`` 0 or 1."""
+    name, status, owned, job, updated, os_, be, nics, disks, tags, memory, vcpus, pnode = row
+    be, nics, disks, tags = (orjson.dumps(value).decode() for value in (be, nics, disks, tags))
+    return (name, status, int(owned), job, updated, os_, be, nics, disks, tags, memory, vcpus, pnode)
+
+
+@pytest.mark.parametrize(
+    "row_changes",
+    [changes for _, _, changes in CASES] + CANNOT_SETTLE + [{"tags": None}, {"beparams": None}, {"nics": []}],
+    ids=[name for name, _, _ in CASES] + CANNOT_SETTLE_IDS + ["no tags", "no beparams", "no nic"],
+)
+def test_the_cells_made_from_texts_are_those_of_the_decoded_row(row_changes: dict[str, Any]) -> None:
+    """SQLite's rows are read as the cursor's tuples and their cells made from the texts, the
+    common part once per distinct texts (``_TextRows``): the same cells as :func:`expected_cells`
+    of the decoded row, compared by their reprs (``ANY`` equals anything); a row not ours too."""
+    texts = _TextRows({})
+    for their_tag in (True, False):
+        inst = fake_instance() if their_tag else ours_only(fake_instance())
+        for owned in (True, False):
+            row = row_tuple(stored(inst, **row_changes))
+            row = (*row[:2], owned, *row[3:])
+            assert texts.texts(as_texts(row))
+            for _ in range(2):  # made, then from the cache of common cells
+                assert repr(texts.cells(as_texts(row))) == repr(expected_cells(row))
+    assert not texts.texts((*as_texts(row)[:6], None, *as_texts(row)[7:]))  # a NULL column
+
+
+def test_rows_of_equal_nics_and_disks_share_those_cells() -> None:
+    texts = _TextRows({})
+    one, two = (texts.cells(as_texts(row_tuple(stored(fake_instance(name=n))))) for n in ("vm1", "vm2"))
+    assert one is not None and two is not None and one[0] != two[0]
+    assert all(one[i] is two[i] for i in range(I_IPS, I_SIZES + 1))
+
+
+async def test_plain_rows_are_sqlalchemys_once_processed(db_url: str) -> None:
+    """``live_rows_plain`` in a pinned read: on a SQLite file the cursor's own tuples (no row
+    objects), which ``process`` makes SQLAlchemy's rows (``owned`` a bool, ``updated_at`` a
+    datetime); elsewhere SQLAlchemy's rows."""
+    inst = ours_only(fake_instance())
+    row = stored(inst)
+    async with Store(db_url) as store:
+        await store.add_instance(
+            B, "vm1", status=InstanceStatus.STARTED, owned=True, os=row.os, beparams=row.beparams,
+            nics=row.nics, disks=row.disks, tags=row.tags,
+        )  # fmt: skip
+        await store.add_instance(B, "vm2", status=InstanceStatus.BUILD, owned=False)
+
+        def both(conn: Any) -> tuple[list[Any], list[Any], list[tuple[Any, ...]]]:
+            plain, process = live_rows_plain(conn, B)
+            plain = list(plain)
+            return plain, [process(raw) for raw in plain], [tuple(raw) for raw in live_rows_raw(conn, B)]
+
+        async with store.pinned_read() as read:
+            plain, processed, rows = await read.call(both)
+    assert sorted(processed) == sorted(rows) and len(rows) == 2
+    building = next(r for r in rows if r[0] == "vm2")
+    assert building[2] is False and building[4] is not None and building[4].year >= 2026
+    if db_url.startswith("sqlite"):
+        assert all(type(raw) is tuple for raw in plain)
+        assert next(raw for raw in plain if raw[0] == "vm2")[2] == 0
 
 
 # -- settle: an answer against the rows -------------------------------------------------------------
