@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
-from sqlalchemy import Connection, Dialect, Text, case, select, text, type_coerce
+from sqlalchemy import Connection, Dialect, Text, case, cast, select, text
 
 from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti.rapi import RapiClient
@@ -276,7 +276,7 @@ class SnapshotRow:
 
 
 def _json(value: Any) -> Any:
-    """A JSON column's text decoded (SQLite); asyncpg's codec hands PostgreSQL's decoded already."""
+    """A JSON column's text decoded (None: SQL's NULL)."""
     return orjson.loads(value) if isinstance(value, str | bytes) else value
 
 
@@ -284,10 +284,13 @@ _c = instances_t.c
 _COLUMNS = (
     _c.name, _c.status, _c.owned, _c.create_job_id,
     case((_c.status == InstanceStatus.BUILD.value, _c.updated_at)).label("updated_at"),
-    _c.os, type_coerce(_c.beparams, Text).label("beparams"), type_coerce(_c.nics, Text).label("nics"),
-    type_coerce(_c.disks, Text).label("disks"), type_coerce(_c.tags, Text).label("tags"),
+    _c.os, cast(_c.beparams, Text).label("beparams"), cast(_c.nics, Text).label("nics"),
+    cast(_c.disks, Text).label("disks"), cast(_c.tags, Text).label("tags"),
     _c.memory, _c.vcpus, _c.pnode,
 )  # fmt: skip
+# (the JSON columns as their texts on both databases: PostgreSQL's ``json`` keeps the text as
+# written, which asyncpg's codec would decode; a row that settles by its cells never needs it
+# decoded, see :func:`~._pass.read_pass_rows`)
 _STATUS = {status.value: status for status in InstanceStatus}
 
 
@@ -389,9 +392,9 @@ def _processor(dialect: Dialect) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
 
 
 def decoded_row(row: Sequence[Any]) -> tuple[Any, ...]:
-    """A row of :data:`_COLUMNS` with its JSON columns decoded (SQLite's four texts in one orjson call)."""
+    """A row of :data:`_COLUMNS` with its JSON columns decoded (four texts in one orjson call)."""
     name, status, owned, job, updated, os_, be, nics, disks, tags, memory, vcpus, pnode = row
-    if str is type(be) is type(nics) is type(disks) is type(tags):  # SQLite: texts, one decode
+    if str is type(be) is type(nics) is type(disks) is type(tags):  # texts, one decode
         be, nics, disks, tags = orjson.loads(f"[{be},{nics},{disks},{tags}]")
     else:
         be, nics, disks, tags = _json(be), _json(nics), _json(disks), _json(tags)

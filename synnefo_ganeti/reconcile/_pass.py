@@ -195,10 +195,10 @@ def _shared(cache: dict[Any, list[Any]], values: list[Any]) -> list[Any]:
 
 
 class _TextRows:
-    """:func:`expected_cells` of rows whose JSON columns are SQLite's texts: the cells that do
-    not depend on the row's name, NICs or disks are made once per distinct (status, owned, OS,
-    node, memory, vCPUs, beparams text, tags text), which most rows share; the NICs and disks
-    are decoded in one call. The result is :func:`expected_cells`' of the decoded row
+    """:func:`expected_cells` of rows whose JSON columns are texts (as both databases give
+    them, :data:`~._fetch._COLUMNS`): the cells that do not depend on the row's name, NICs or
+    disks are made once per distinct (status, owned, OS, node, memory, vCPUs, beparams text,
+    tags text), which most rows share; the NICs and disks are decoded in one call. The result is :func:`expected_cells`' of the decoded row
     (tests/unit/test_reconcile_pass.py checks it)."""
 
     __slots__ = ("cache", "common")
@@ -260,8 +260,8 @@ class PassRows:
 def read_pass_rows(conn: Connection, backend: str, taken_at: float) -> PassRows:
     """One backend's :class:`PassRows` (run in the pinned snapshot taken at ``taken_at``).
 
-    A row that can settle by its cells is kept as the database gave it (SQLite: the cursor's
-    tuple, its JSON columns texts: a few objects, not a few dozen), made a full row again only
+    A row that can settle by its cells is kept as the database gave it (its JSON columns
+    texts; on SQLite the cursor's tuple: a few objects, not a few dozen), made a full row again only
     if it does not settle (:meth:`PassRows.row`)."""
     rows: dict[str, tuple[Any, ...]] = {}
     expected = {}
@@ -275,7 +275,7 @@ def read_pass_rows(conn: Connection, backend: str, taken_at: float) -> PassRows:
                 if cells is None:
                     rows[raw[0]] = decoded_row(process(raw))
                     continue
-            else:  # PostgreSQL's decoded JSON, or a NULL column
+            else:  # a NULL column: no text
                 row = decoded_row(process(raw))
                 cells = expected_cells(row, made)
                 if cells is None:
