@@ -198,8 +198,8 @@ class _TextRows:
     """:func:`expected_cells` of rows whose JSON columns are texts (as both databases give
     them, :data:`~._fetch._COLUMNS`): the cells that do not depend on the row's name, NICs or
     disks are made once per distinct (status, owned, OS, node, memory, vCPUs, beparams text,
-    tags text), which most rows share; the NICs and disks are decoded in one call. The result is :func:`expected_cells`' of the decoded row
-    (tests/unit/test_reconcile_pass.py checks it)."""
+    tags text), which most rows share; the NICs and disks are decoded in one call. The result
+    is :func:`expected_cells`' of the decoded row (tests/unit/test_reconcile_pass.py checks it)."""
 
     __slots__ = ("cache", "common")
 
@@ -261,8 +261,8 @@ def read_pass_rows(conn: Connection, backend: str, taken_at: float) -> PassRows:
     """One backend's :class:`PassRows` (run in the pinned snapshot taken at ``taken_at``).
 
     A row that can settle by its cells is kept as the database gave it (its JSON columns
-    texts; on SQLite the cursor's tuple: a few objects, not a few dozen), made a full row again only
-    if it does not settle (:meth:`PassRows.row`)."""
+    texts; on SQLite the cursor's tuple: a few objects, not a few dozen), made a full row
+    again only if it does not settle (:meth:`PassRows.row`)."""
     rows: dict[str, tuple[Any, ...]] = {}
     expected = {}
     made: dict[Any, list[Any]] = {}
