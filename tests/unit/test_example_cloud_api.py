@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from examples import cloud_api
+from synnefo_ganeti import RapiClient
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.store import Store
 from synnefo_ganeti.testing import FakeGaneti
@@ -27,12 +28,17 @@ SLOW_STOP = {**QUICK, "OP_INSTANCE_SHUTDOWN": 1.0}
 
 
 @asynccontextmanager
-async def cloud(tmp_path: Path, db_url: str) -> AsyncIterator[TestClient[Any, Any]]:
-    """The example app over ``watched`` (queue_dir, watched) and ``rapi`` (followed through RAPI)."""
+async def cloud(
+    tmp_path: Path, db_url: str, fakes: dict[str, FakeGaneti] | None = None
+) -> AsyncIterator[TestClient[Any, Any]]:
+    """The example app over ``watched`` (queue_dir, watched) and ``rapi`` (followed through RAPI);
+    ``fakes``: filled with the two fake Ganetis by name."""
     async with AsyncExitStack() as stack:
         queue = tmp_path / "queue"
         watched = await stack.enter_async_context(FakeGaneti(tls=False, queue_dir=queue, op_times=QUICK))
         rapi = await stack.enter_async_context(FakeGaneti(tls=False, op_times=SLOW_STOP))
+        if fakes is not None:
+            fakes.update(watched=watched, rapi=rapi)
         settings = settings_for(
             db_url, [backend("watched", watched, queue_dir=str(queue)), backend("rapi", rapi)]
         )
@@ -66,26 +72,46 @@ def body_of(name: str, **extra: Any) -> dict[str, Any]:
     return {"name": name, "memory": 256, "vcpus": 1, "os": "noop", **extra}
 
 
+@asynccontextmanager
+async def creates_held(fakes: dict[str, FakeGaneti]) -> AsyncIterator[None]:
+    """Every create stays queued in both Ganetis (a PAUSE filter rule) until the block ends:
+    what a create answers is seen before the create can end (its 0.02 s went by before the
+    answer once, on a loaded machine)."""
+    paused = [["opcode", ["=", "OP_ID", "OP_INSTANCE_CREATE"]]]
+    async with AsyncExitStack() as stack:
+        for fake in fakes.values():
+            client = await stack.enter_async_context(
+                RapiClient(fake.url, username=fake.username, password=fake.password)
+            )
+            rule = await client.add_filter(predicates=paused, action="PAUSE")
+            stack.push_async_callback(client.delete_filter, rule)
+        yield
+
+
 async def test_the_example_cloud_api_end_to_end(tmp_path: Path, db_url: str) -> None:
-    async with cloud(tmp_path, db_url) as client:
+    fakes: dict[str, FakeGaneti] = {}
+    async with cloud(tmp_path, db_url, fakes) as client:
         start = (await call(client, "GET", "/events?timeout=0", 200))["last"]
 
         # creates: durable requests, idempotent by key; a changed request under a key is a 409
         made = {}
-        for name, where in (("web1.example", "watched"), ("web2.example", "rapi"), ("db1.example", None)):
-            body = body_of(name) | ({"backend": where} if where else {})
-            created = await call(
-                client, "POST", "/servers", 202, json=body, headers={"Idempotency-Key": name}
-            )
-            assert created["server"]["status"] == "BUILD" and created["server"]["task"] == "build"
-            again = await call(client, "POST", "/servers", 202, json=body, headers={"Idempotency-Key": name})
-            assert again["request_id"] == created["request_id"]
-            made[name] = created["request_id"]
-        changed = await call(
-            client, "POST", "/servers", 409, json=body_of("web1.example", memory=512),
-            headers={"Idempotency-Key": "web1.example"},
-        )  # fmt: skip
-        assert changed["error"] == "ConflictError" and "beparams" in changed["message"]
+        async with creates_held(fakes):
+            for name, where in (("web1.example", "watched"), ("web2.example", "rapi"), ("db1.example", None)):
+                body = body_of(name) | ({"backend": where} if where else {})
+                created = await call(
+                    client, "POST", "/servers", 202, json=body, headers={"Idempotency-Key": name}
+                )
+                assert created["server"]["status"] == "BUILD" and created["server"]["task"] == "build"
+                again = await call(
+                    client, "POST", "/servers", 202, json=body, headers={"Idempotency-Key": name}
+                )
+                assert again["request_id"] == created["request_id"]
+                made[name] = created["request_id"]
+            changed = await call(
+                client, "POST", "/servers", 409, json=body_of("web1.example", memory=512),
+                headers={"Idempotency-Key": "web1.example"},
+            )  # fmt: skip
+            assert changed["error"] == "ConflictError" and "beparams" in changed["message"]
 
         # each becomes ACTIVE, found by its request id and then by its own id, with Ganeti's NICs
         servers = {}
