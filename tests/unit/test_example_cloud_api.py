@@ -23,9 +23,6 @@ from synnefo_ganeti.testing import FakeGaneti
 from tests.helpers import eventually
 from tests.unit.test_dispatcher import QUICK, backend, running, settings_for
 
-#: the RAPI-followed fake's shutdown takes a while, so that a second action meets the first in progress
-SLOW_STOP = {**QUICK, "OP_INSTANCE_SHUTDOWN": 1.0}
-
 
 @asynccontextmanager
 async def cloud(
@@ -36,7 +33,7 @@ async def cloud(
     async with AsyncExitStack() as stack:
         queue = tmp_path / "queue"
         watched = await stack.enter_async_context(FakeGaneti(tls=False, queue_dir=queue, op_times=QUICK))
-        rapi = await stack.enter_async_context(FakeGaneti(tls=False, op_times=SLOW_STOP))
+        rapi = await stack.enter_async_context(FakeGaneti(tls=False, op_times=QUICK))
         if fakes is not None:
             fakes.update(watched=watched, rapi=rapi)
         settings = settings_for(
@@ -73,11 +70,11 @@ def body_of(name: str, **extra: Any) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def creates_held(fakes: dict[str, FakeGaneti]) -> AsyncIterator[None]:
-    """Every create stays queued in both Ganetis (a PAUSE filter rule) until the block ends:
-    what a create answers is seen before the create can end (its 0.02 s went by before the
-    answer once, on a loaded machine)."""
-    paused = [["opcode", ["=", "OP_ID", "OP_INSTANCE_CREATE"]]]
+async def held(fakes: dict[str, FakeGaneti], op_id: str) -> AsyncIterator[None]:
+    """Every job of ``op_id`` stays queued in these Ganetis (a PAUSE filter rule) until the
+    block ends: what the example answers is seen before the job can end (a 0.02 s create
+    once ended before the answer to its POST was made, on a loaded machine)."""
+    paused = [["opcode", ["=", "OP_ID", op_id]]]
     async with AsyncExitStack() as stack:
         for fake in fakes.values():
             client = await stack.enter_async_context(
@@ -95,7 +92,7 @@ async def test_the_example_cloud_api_end_to_end(tmp_path: Path, db_url: str) -> 
 
         # creates: durable requests, idempotent by key; a changed request under a key is a 409
         made = {}
-        async with creates_held(fakes):
+        async with held(fakes, "OP_INSTANCE_CREATE"):
             for name, where in (("web1.example", "watched"), ("web2.example", "rapi"), ("db1.example", None)):
                 body = body_of(name) | ({"backend": where} if where else {})
                 created = await call(
@@ -160,10 +157,11 @@ async def test_the_example_cloud_api_end_to_end(tmp_path: Path, db_url: str) -> 
 
         # actions on the RAPI-followed server: a second one while the first runs is a 409
         web2 = servers["web2.example"]["id"]
-        stop = await call(client, "POST", f"/servers/{web2}/action", 202, json={"action": "stop"})
-        assert isinstance(stop["job_id"], int) and stop["server"]["task"] == "stop"
-        busy = await call(client, "POST", f"/servers/{web2}/action", 409, json={"action": "start"})
-        assert busy["error"] == "ConflictError" and "stop" in busy["message"]
+        async with held({"rapi": fakes["rapi"]}, "OP_INSTANCE_SHUTDOWN"):
+            stop = await call(client, "POST", f"/servers/{web2}/action", 202, json={"action": "stop"})
+            assert isinstance(stop["job_id"], int) and stop["server"]["task"] == "stop"
+            busy = await call(client, "POST", f"/servers/{web2}/action", 409, json={"action": "start"})
+            assert busy["error"] == "ConflictError" and "stop" in busy["message"]
         await server_until(client, web2, "STOPPED")
         await call(client, "POST", f"/servers/{web2}/action", 202, json={"action": "start"})
         await server_until(client, web2, "ACTIVE")
