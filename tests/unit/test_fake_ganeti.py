@@ -320,9 +320,12 @@ async def test_max_clients_and_latency() -> None:
     ],
 )  # fmt: skip
 async def test_faults(kind, error) -> None:
+    # The client's timeout is long enough that only a fault makes it run out on a loaded
+    # machine (at 0.5 s a request once timed out before the fake had seen it); slow_body's
+    # 14 bytes, 0.5 s apart, take longer than it.
     async with FakeGaneti(tls=False) as fake:
-        fault = fake.inject_fault(kind, method="GET", path="/2/info", delay=0.2)
-        async with client(fake, timeout=0.5) as rapi:
+        fault = fake.inject_fault(kind, method="GET", path="/2/info", delay=0.5)
+        async with client(fake, timeout=3.0) as rapi:
             with pytest.raises(error):
                 await rapi.info()
             assert await rapi.version() == 2  # other endpoints unaffected
