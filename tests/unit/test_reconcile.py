@@ -362,7 +362,7 @@ async def test_cli_reconcile_json_and_exit_codes(db_url: str, tmp_path: Path) ->
 
         dead = write_config(
             tmp_path, db_url, backend_of(B, fake), ("dead", f"http://127.0.0.1:{closed_port()}", "u", "p"),
-            timeout=1.0,
+            timeout=10.0,  # the dead one is refused at once; the live one is not cut on a loaded machine
         )  # fmt: skip
         failed = await cli("reconcile", "--config", str(dead), "--json")
         assert failed.exit_code == 2
@@ -377,7 +377,8 @@ async def test_cli_backends_list(db_url: str, tmp_path: Path) -> None:
     async with world(db_url) as (fake, _store, client, _settings):
         await client.wait_for_job(await client.create_instance(spec("sg-one")))
         dead = ("dead", f"http://127.0.0.1:{closed_port()}", "u", "p")
-        config = write_config(tmp_path, db_url, backend_of(B, fake), dead, timeout=1.0)
+        # the dead one is refused at once; at 1 s the live one was once cut too, on a loaded machine
+        config = write_config(tmp_path, db_url, backend_of(B, fake), dead, timeout=10.0)
         result = await cli("backends", "list", "--config", str(config), "--json")
         assert result.exit_code == 1
         rows = {row["name"]: row for row in json.loads(result.stdout)["backends"]}
