@@ -341,8 +341,8 @@ def _decoded(result: Iterable[Any]) -> dict[str, tuple[Any, ...]]:
 
 
 def live_rows_raw(conn: Connection, backend: str) -> Iterable[Any]:
-    """:func:`live_rows` before decoding: each row as the database gave it (SQLite: its JSON
-    columns as texts, :func:`decoded_row` decodes them)."""
+    """:func:`live_rows` before decoding: each row as the database gave it (its JSON columns
+    as texts on both databases, :func:`decoded_row` decodes them)."""
     return conn.execute(_live_select(backend))
 
 
