@@ -16,6 +16,7 @@ with orjson; ``updated_at`` only for rows in BUILD (the only ones whose age coun
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -23,7 +24,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
-from sqlalchemy import Connection, Dialect, Text, case, cast, select, text
+from sqlalchemy import Connection, Dialect, Text, case, cast, func, select, text
 
 from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti.rapi import RapiClient
@@ -350,22 +351,34 @@ def _live_select(backend: str) -> Any:
     return select(*_COLUMNS).where(_c.backend_id == _backend_id(backend), _LIVE)
 
 
-def live_rows_plain(conn: Connection, backend: str) -> tuple[Iterable[Sequence[Any]], Callable[[Any], Any]]:
-    """:func:`live_rows_raw`'s rows and ``process``, which makes one of them the row
-    :func:`live_rows_raw` gives (SQLAlchemy's result processors: on SQLite ``owned`` 0/1 to a
-    bool, ``updated_at`` a text to a datetime; JSON columns stay texts either way).
+def live_rows_plain(
+    conn: Connection, backend: str
+) -> tuple[Callable[[], Sequence[Sequence[Any]]], Callable[[Any], Any]]:
+    """:func:`live_rows_raw`'s rows, as ``rows()`` gives them, and ``process``, which makes
+    one of them the row :func:`live_rows_raw` gives (SQLAlchemy's result processors: on
+    SQLite ``owned`` 0/1 to a bool, ``updated_at`` a text to a datetime; JSON columns stay
+    texts either way).
 
-    On SQLite's own driver the rows are the cursor's plain tuples, fetched at once without
-    SQLAlchemy's row objects and processors (1.9 µs a row, against 4.3: most rows never need
-    processing, see :func:`~._pass.read_pass_rows`); the statement still runs through
-    SQLAlchemy (its events, its transaction). On any other driver: SQLAlchemy's rows."""
-    result = conn.execute(_live_select(backend))
+    On SQLite's own driver SQLite makes every row into one JSON text, in one step of the
+    statement (``json_group_array`` of each row's ``json_array``: texts, integers and NULLs,
+    the only kinds of :data:`_COLUMNS`, come back as the cursor gives them); ``rows()``
+    decodes it, each row a list of the values of the cursor's tuple. The statement runs in
+    C without Python's lock (the GIL), which a cursor takes back after each row it steps:
+    a thread reading 2,000 rows a backend that way while the event loop is busy waited for
+    the loop's switch interval at every row (reconcile at 100,000 instances:
+    docs/benchmarks.md), and made the loop wait as long when it took the lock back. The
+    statement still runs through SQLAlchemy (its events, its transaction); ``rows()`` and
+    the rows' work may run in another thread. On any other driver: SQLAlchemy's rows, fetched
+    at once."""
     if conn.dialect.driver != "pysqlite":
-        return result, _unchanged
-    try:
-        return result.cursor.fetchall(), _processor(conn.dialect)
-    finally:
-        result.close()
+        fetched = conn.execute(_live_select(backend)).all()
+        return lambda: fetched, _unchanged
+    packed = conn.execute(
+        select(func.json_group_array(func.json_array(*_COLUMNS))).where(
+            _c.backend_id == _backend_id(backend), _LIVE
+        )
+    ).scalar_one()
+    return functools.partial(orjson.loads, packed), _processor(conn.dialect)
 
 
 def _unchanged(row: Any) -> Any:

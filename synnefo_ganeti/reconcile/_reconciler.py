@@ -28,7 +28,7 @@ from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.metrics import DRIFT_FOUND
 from synnefo_ganeti.rapi import RapiClient
-from synnefo_ganeti.reconcile._fetch import INSTANCE_FIELDS, read_db
+from synnefo_ganeti.reconcile._fetch import INSTANCE_FIELDS
 from synnefo_ganeti.reconcile._job_file import job_file
 from synnefo_ganeti.reconcile._networks import NetworkDrift, NetworkDriftKind, check_networks
 from synnefo_ganeti.reconcile._observe import observed_changes
@@ -292,10 +292,11 @@ class Reconciler(BackendResources):
         )
         # The DESTROYED rows only of the names that could be orphans (ours in Ganeti, no live
         # row): the live rows alone are read by an index, every backend's DESTROYED ones by a scan.
-        # Such a row is read after Ganeti answered; it only says why an orphan is one.
+        # Such a row is read in the pass's snapshot after Ganeti answered; it only says why an
+        # orphan is one.
         unheld = sorted(name for name in gnt.owned if name not in db.instances)
         if unheld:
-            ended, _ = await read_db(self.store, backend, live=False, destroyed=unheld)
+            ended = await reads.destroyed(backend, unheld)
             db = dataclasses.replace(db, instances={**ended, **db.instances})
         return db, gnt, count
 

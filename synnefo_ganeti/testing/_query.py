@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti.testing import _opcodes
 from synnefo_ganeti.testing._views import filter_view, group_view, network_view
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from synnefo_ganeti.testing._engine import FakeCluster
     from synnefo_ganeti.testing._jobs import FakeJob
 
-__all__ = ["QUERY_RESOURCES", "query", "query_fields", "query_jobs"]
+__all__ = ["QUERY_RESOURCES", "query", "query_fields", "query_jobs", "query_json"]
 
 _Getter = Callable[["FakeJob"], Any]
 _TS = "(tuple containing seconds and microseconds)"
@@ -263,6 +265,15 @@ def query(cluster: FakeCluster, resource: str, fields: list[str], qfilter: Any =
     the collector, ~6 without; benchmarks/reconcile.py runs 50 such fakes on two CPUs)."""
     with gc_paused():
         return _query(cluster, resource, fields, qfilter)
+
+
+def query_json(cluster: FakeCluster, resource: str, fields: list[str], qfilter: Any = None) -> bytes:
+    """:func:`query`'s answer as its JSON text: built, dumped and let go with the collector
+    paused. Let go while it was still alive, the collector scanned the answer's ~56,000
+    small lists at its first allocation after (~3 ms an answer of 2,000 instances, a third
+    of it); let go before, they are no longer counted."""
+    with gc_paused():
+        return orjson.dumps(_query(cluster, resource, fields, qfilter))
 
 
 def _query(cluster: FakeCluster, resource: str, fields: list[str], qfilter: Any) -> dict[str, Any]:

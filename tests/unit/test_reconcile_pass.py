@@ -19,7 +19,7 @@ from synnefo_ganeti import RapiClient
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.errors import RapiError, StoreError
 from synnefo_ganeti.rapi import cell_values
-from synnefo_ganeti.reconcile import Reconciler
+from synnefo_ganeti.reconcile import Reconciler, _fetch
 from synnefo_ganeti.reconcile._fetch import (
     I_IPS,
     I_SIZES,
@@ -175,30 +175,45 @@ def test_rows_of_equal_nics_and_disks_share_those_cells() -> None:
 
 
 async def test_plain_rows_are_sqlalchemys_once_processed(db_url: str) -> None:
-    """``live_rows_plain`` in a pinned read: on a SQLite file the cursor's own tuples (no row
-    objects), which ``process`` makes SQLAlchemy's rows (``owned`` a bool, ``updated_at`` a
-    datetime); elsewhere SQLAlchemy's rows."""
+    """``live_rows_plain`` in a pinned read: on a SQLite file one JSON text that SQLite made,
+    whose rows are the cursor's own tuples' values (texts with quotes, backslashes and
+    non-ASCII, integers, NULLs), which ``process`` makes SQLAlchemy's rows (``owned`` a bool,
+    ``updated_at`` a datetime); elsewhere SQLAlchemy's rows."""
     inst = ours_only(fake_instance())
     row = stored(inst)
     async with Store(db_url) as store:
         await store.add_instance(
-            B, "vm1", status=InstanceStatus.STARTED, owned=True, os=row.os, beparams=row.beparams,
+            B, "vm1", status=InstanceStatus.STARTED, owned=True, os='debian "é" \\ 🐧', beparams=row.beparams,
             nics=row.nics, disks=row.disks, tags=row.tags,
         )  # fmt: skip
         await store.add_instance(B, "vm2", status=InstanceStatus.BUILD, owned=False)
 
-        def both(conn: Any) -> tuple[list[Any], list[Any], list[tuple[Any, ...]]]:
-            plain, process = live_rows_plain(conn, B)
-            plain = list(plain)
-            return plain, [process(raw) for raw in plain], [tuple(raw) for raw in live_rows_raw(conn, B)]
+        def both(conn: Any) -> tuple[list[Any], list[Any], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+            rows, process = live_rows_plain(conn, B)
+            plain = list(rows())
+            cursor = (
+                conn.execute(_fetch._live_select(B)).cursor.fetchall() if db_url.startswith("sqlite") else []
+            )
+            return (
+                plain,
+                [process(raw) for raw in plain],
+                [tuple(raw) for raw in live_rows_raw(conn, B)],
+                cursor,
+            )
 
         async with store.pinned_read() as read:
-            plain, processed, rows = await read.call(both)
+            plain, processed, rows, cursor = await read.call(both)
     assert sorted(processed) == sorted(rows) and len(rows) == 2
     building = next(r for r in rows if r[0] == "vm2")
     assert building[2] is False and building[4] is not None and building[4].year >= 2026
+    assert next(r for r in rows if r[0] == "vm1")[5] == 'debian "é" \\ 🐧'
     if db_url.startswith("sqlite"):
-        assert all(type(raw) is tuple for raw in plain)
+        assert sorted(tuple(raw) for raw in plain) == sorted(cursor)
+        assert all(
+            type(a) is type(b)
+            for raw, tup in zip(sorted(map(tuple, plain)), sorted(cursor), strict=True)
+            for a, b in zip(raw, tup, strict=True)
+        )
         assert next(raw for raw in plain if raw[0] == "vm2")[2] == 0
 
 
@@ -264,6 +279,29 @@ async def test_the_pass_reads_hand_each_backends_rows_over_once(db_url: str) -> 
             assert reads.ready("a") is None
             with pytest.raises(RuntimeError, match="handed over already"):
                 await reads.rows("a")
+
+
+async def test_the_orphans_destroyed_rows_are_read_in_the_pass_snapshot(db_url: str) -> None:
+    """``PassReads.destroyed`` reads in the pass's snapshot, on its connection, while the pass
+    holds it (a row destroyed after the snapshot is not seen); once the pass is over, or with
+    no snapshot held, in a read of its own (seen)."""
+    async with Store(db_url) as store:
+        await store.add_instance("a", "vm-old", status=InstanceStatus.DESTROYED, owned=True)
+        await store.add_instance("a", "vm-late", status=InstanceStatus.STARTED, owned=True)
+        async with PassReads(store, ["a"]) as reads:
+            assert await reads.pinned()
+            assert list((await reads.rows("a")).rows) == ["vm-late"]
+            await store.update_instance("a", "vm-late", status=InstanceStatus.DESTROYED)
+            found = await reads.destroyed("a", ["vm-old", "vm-late", "nosuch"])
+            assert {name: row.status for name, row in found.items()} == {"vm-old": InstanceStatus.DESTROYED}
+        after = await reads.destroyed("a", ["vm-old", "vm-late"])
+        assert sorted(after) == ["vm-late", "vm-old"]
+    async with Store("sqlite://") as store:
+        await store.add_instance("a", "vm-old", status=InstanceStatus.DESTROYED, owned=True)
+        async with PassReads(store, ["a"]) as reads:
+            assert not await reads.pinned()
+            assert list((await reads.rows("a")).rows) == []  # read first, then asked: then this
+            assert list(await reads.destroyed("a", ["vm-old"])) == ["vm-old"]
 
 
 async def test_a_database_that_fails_fails_every_backends_rows(tmp_path: Any) -> None:
@@ -382,6 +420,23 @@ async def test_the_fake_builds_a_query_answer_with_the_collector_paused(
         assert gc.isenabled()
         assert await client.query_rows("instance", ["name"]) == [["vm1"]]
     assert seen == [False] and gc.isenabled()
+
+
+async def test_the_fake_lets_a_query_answer_go_before_the_collector_goes_again() -> None:
+    """The answer's JSON text is what ``query`` answers, and its lists (500 instances: ~14,000)
+    are let go while the collector is paused: none is left counted for its next collection."""
+    async with FakeGaneti(tls=False) as fake:
+        for index in range(500):
+            inst = fake_instance(name=f"vm{index}")
+            fake.cluster.instances[inst.name] = inst
+        fields = list(INSTANCE_FIELDS)
+        gc.collect()
+        before = gc.get_count()[0]
+        body = fake_query.query_json(fake.cluster, "instance", fields)
+        after = gc.get_count()[0]
+        assert gc.isenabled() and after - before < 1_000  # not ~14,000
+        answer = orjson.loads(body)
+        assert answer == fake_query.query(fake.cluster, "instance", fields) and len(answer["data"]) == 500
 
 
 def test_the_fast_path_is_the_one_the_reconciler_takes() -> None:
