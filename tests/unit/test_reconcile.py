@@ -258,14 +258,15 @@ async def test_archived_job_is_looked_up(db_url: str) -> None:
 async def test_dead_and_slow_backends_do_not_stop_the_others(db_url: str) -> None:
     async with (
         FakeGaneti(tls=False, op_times=QUICK) as good,
-        FakeGaneti(tls=False, op_times=QUICK, latency=3.0) as slow,
+        FakeGaneti(tls=False, op_times=QUICK, latency=60.0) as slow,
     ):
         dead = ("dead", f"http://127.0.0.1:{closed_port()}", "user", "password")
-        settings = settings_for(db_url, backend_of("good", good), backend_of("slow", slow), dead, timeout=1.0)
+        # 3 s: room for the good backend's pass on a loaded machine (1 s left it little)
+        settings = settings_for(db_url, backend_of("good", good), backend_of("slow", slow), dead, timeout=3.0)
         async with Reconciler(settings) as reconciler:
             await reconciler.store.add_instance("good", "sg-x", status=InstanceStatus.STARTED)
             report = await reconciler.run_once()
-            # its answers take 3 s (counted from each connection's accept): still being made
+            # its answers take 60 s (counted from each connection's accept): still being made
             answering = slow.rapi.active
     by_name = {b.name: b for b in report.backends}
     assert [b.name for b in report.backends] == ["good", "slow", "dead"]
