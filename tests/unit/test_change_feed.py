@@ -30,7 +30,7 @@ from synnefo_ganeti import Change, ControlPlane, Settings
 from synnefo_ganeti.config import NotifySettings
 from synnefo_ganeti.dispatch import SIGNATURE_HEADER, Dispatcher, DispatcherLock, WebhookDeliverer
 from synnefo_ganeti.errors import ConfigError
-from synnefo_ganeti.store import Store
+from synnefo_ganeti.store import Store, _changes
 from tests.helpers import WAIT, eventually
 from tests.unit.test_dispatcher import running
 
@@ -113,6 +113,42 @@ async def test_a_second_store_sees_the_changes(db_url: str) -> None:
             got = await asyncio.wait_for(task, WAIT)
         assert [(c.kind, c.key) for c in got] == [("request", request_id), ("instance", instance.id)]
         assert reader.stats.batches == 0  # it never wrote
+
+
+async def test_changes_committed_while_the_reader_lingers_come_in_one_read(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Woken, the feed waits ``FOLLOW_LINGER`` before it reads: what is committed meanwhile
+    comes in that one read (here the linger is held open until three more are written)."""
+    lingering, release = asyncio.Event(), asyncio.Event()
+
+    async def pause(seconds: float) -> None:
+        assert seconds == _changes.FOLLOW_LINGER
+        lingering.set()
+        await release.wait()
+
+    monkeypatch.setattr(_changes, "_pause", pause)
+    poll = 0.05 if db_url.startswith("sqlite") else 60
+    async with Store(db_url) as writer, Store(db_url, poll_interval=poll) as reader:
+        reads = 0
+        list_changes = reader._changes.list_changes
+
+        async def counted(**kwargs: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            return await list_changes(**kwargs)
+
+        reader._changes.list_changes = counted  # type: ignore[method-assign]
+        start = await reader.last_change_id()
+        async with contextlib.aclosing(reader.changes(since=start)) as changes:
+            task = asyncio.create_task(_collect(changes, 4))
+            first = await _request(writer, "first.example")
+            await asyncio.wait_for(lingering.wait(), WAIT)  # woken (SQLite: its poll), lingering
+            later = [await _request(writer, f"later{n}.example") for n in range(3)]
+            release.set()
+            got = await asyncio.wait_for(task, WAIT)
+    assert [c.key for c in got] == [first, *later]
+    assert reads == 2  # before the wake, then all four at once
 
 
 async def test_notify_wakes_a_postgresql_reader(pg_url: str) -> None:
