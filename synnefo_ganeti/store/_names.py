@@ -58,23 +58,28 @@ def check_name_free(
     _check_renames(conn, name, backend, unique_names, exclude_instance)
 
 
+#: the rename jobs recorded and not applied yet, with their instances (built once: read by
+#: every batch of new requests, its cache key cost more than running it)
+_RENAMING = (
+    select(
+        instance_jobs_t.c.job_id,
+        instance_jobs_t.c.params,
+        instances_t.c.uuid,
+        instances_t.c.name.label("old"),
+        backends_t.c.name.label("backend"),
+    )
+    .join(instances_t, instances_t.c.id == instance_jobs_t.c.instance_id)
+    .join(backends_t, backends_t.c.id == instance_jobs_t.c.backend_id)
+    .where(text(RENAMING))  # spelled as the partial index's condition: SQLite uses it then
+)
+
+
 def renaming_to(conn: Connection, names: set[str] | None = None) -> dict[str, list[Any]]:
     """New name -> the renames in progress to it (rows: ``job_id``, ``uuid``, ``old``, ``backend``).
 
     Read from the rename jobs recorded and not applied yet (the partial index of migration
     0008): the few in flight, not the table."""
-    rows = conn.execute(
-        select(
-            instance_jobs_t.c.job_id,
-            instance_jobs_t.c.params,
-            instances_t.c.uuid,
-            instances_t.c.name.label("old"),
-            backends_t.c.name.label("backend"),
-        )
-        .join(instances_t, instances_t.c.id == instance_jobs_t.c.instance_id)
-        .join(backends_t, backends_t.c.id == instance_jobs_t.c.backend_id)
-        .where(text(RENAMING))  # spelled as the partial index's condition: SQLite uses it then
-    )
+    rows = conn.execute(_RENAMING)
     found: dict[str, list[Any]] = {}
     for row in rows:
         new_name = (row.params or {}).get("new_name")

@@ -65,18 +65,29 @@ class SubmittedArgs:
     start: bool | None
 
 
+# The hot statements, built once: built per batch (and a burst's API writes batches of a few
+# requests), their construction and cache keys cost more than running them.
+_REQUESTS = select_requests().where(requests_t.c.id.in_(bindparam("b_ids", expanding=True)))
+_HOLDERS = select(requests_t.c.id, requests_t.c.name).where(
+    requests_t.c.name.in_(bindparam("b_names", expanding=True)), requests_t.c.status.in_(_OPEN)
+)
+_EXISTING = select(requests_t.c.id).where(requests_t.c.id.in_(bindparam("b_ids", expanding=True)))
+_LIVE_NAMES = select(instances_t.c.name).where(
+    instances_t.c.name.in_(bindparam("b_names", expanding=True)), instances_t.c.status != _DESTROYED
+)
+_NAMED = select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name, instances_t.c.status).where(
+    instances_t.c.name.in_(bindparam("b_names", expanding=True))
+)
+
+
 def _requests(conn: Connection, ids: Iterable[str]) -> dict[str, Any]:
-    return {row.id: row for row in conn.execute(select_requests().where(requests_t.c.id.in_(list(ids))))}
+    return {row.id: row for row in conn.execute(_REQUESTS, {"b_ids": list(ids)})}
 
 
 def _holders(conn: Connection, names: set[str]) -> dict[str, set[str]]:
     """Name -> the open requests holding it."""
     holders: dict[str, set[str]] = defaultdict(set)
-    for row in conn.execute(
-        select(requests_t.c.id, requests_t.c.name).where(
-            requests_t.c.name.in_(names), requests_t.c.status.in_(_OPEN)
-        )
-    ):
+    for row in conn.execute(_HOLDERS, {"b_names": sorted(names)}):
         holders[row.name].add(row.id)
     return holders
 
@@ -84,21 +95,9 @@ def _holders(conn: Connection, names: set[str]) -> dict[str, set[str]]:
 def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
     """Insert new pending requests (see :func:`._requests.add`): those whose id is new and whose
     name nobody holds (the rest, repeats and clashes, are left to the one-by-one add)."""
-    existing = {
-        row.id
-        for row in conn.execute(
-            select(requests_t.c.id).where(requests_t.c.id.in_([i.request_id for i in items]))
-        )
-    }
+    existing = {row.id for row in conn.execute(_EXISTING, {"b_ids": [i.request_id for i in items]})}
     names = {item.name for item in items}
-    live = {
-        row.name
-        for row in conn.execute(
-            select(instances_t.c.name).where(
-                instances_t.c.name.in_(names), instances_t.c.status != _DESTROYED
-            )
-        )
-    }
+    live = {row.name for row in conn.execute(_LIVE_NAMES, {"b_names": sorted(names)})}
     holders = _holders(conn, names)
     renamed = renaming_to(conn, names)  # names a rename in progress takes
     fast: list[tuple[int, AddArgs]] = []
@@ -143,11 +142,7 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
     names = {row.name for row in rows.values()}
     live: set[str] = set()  # names with an instance row not DESTROYED (any backend)
     last_destroyed: dict[tuple[int, str], int] = {}  # (backend, name) -> its latest DESTROYED row
-    for found in conn.execute(
-        select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name, instances_t.c.status).where(
-            instances_t.c.name.in_(names)
-        )
-    ):
+    for found in conn.execute(_NAMED, {"b_names": sorted(names)}):
         if found.status != _DESTROYED:
             live.add(found.name)
         else:
