@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Row, Table, delete, func, insert, select, update
+from sqlalchemy import Connection, Row, Table, bindparam, delete, func, insert, select, update
 
 from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.errors import ConflictError, InvalidError, NotFoundError, RequestNotHeldError
@@ -218,30 +218,35 @@ def add(
 
 def claim(conn: Connection, dispatcher: str, limit: int, *, skip_locked: bool) -> list[Request]:
     """Take up to ``limit`` pending requests nobody holds, oldest first."""
-    query = (
-        select(requests_t.c.id)
-        .where(
-            requests_t.c.status == RequestStatus.PENDING.value,
-            requests_t.c.claimed_by.is_(None),
-        )
-        .order_by(requests_t.c.created_at, requests_t.c.id)
-        .limit(limit)
-    )
-    if skip_locked:
-        query = query.with_for_update(skip_locked=True)
-    ids = [row.id for row in conn.execute(query)]
+    query = _UNCLAIMED_SKIP_LOCKED if skip_locked else _UNCLAIMED
+    ids = [row.id for row in conn.execute(query, {"b_limit": limit})]
     if not ids:
         return []
     now = datetime.now(UTC)
-    conn.execute(
-        update(requests_t)
-        .where(requests_t.c.id.in_(ids), requests_t.c.claimed_by.is_(None))
-        .values(claimed_by=dispatcher, claimed_at=now, updated_at=now)
-    )
-    rows = conn.execute(
-        select_requests().where(requests_t.c.id.in_(ids), requests_t.c.claimed_by == dispatcher)
-    )
+    conn.execute(_CLAIM, {"b_ids": ids, "b_dispatcher": dispatcher, "b_now": now})
+    rows = conn.execute(_CLAIMED, {"b_ids": ids, "b_dispatcher": dispatcher})
     return sorted((Request.from_row(row) for row in rows), key=lambda r: (r.created_at, r.id))
+
+
+# claim()'s statements, built once (the dispatcher claims many times a second in a burst)
+_UNCLAIMED = (
+    select(requests_t.c.id)
+    .where(requests_t.c.status == RequestStatus.PENDING.value, requests_t.c.claimed_by.is_(None))
+    .order_by(requests_t.c.created_at, requests_t.c.id)
+    .limit(bindparam("b_limit"))
+)
+_UNCLAIMED_SKIP_LOCKED = _UNCLAIMED.with_for_update(skip_locked=True)
+_CLAIM = (
+    update(requests_t)
+    .where(requests_t.c.id.in_(bindparam("b_ids", expanding=True)), requests_t.c.claimed_by.is_(None))
+    .values(
+        claimed_by=bindparam("b_dispatcher"), claimed_at=bindparam("b_now"), updated_at=bindparam("b_now")
+    )
+)
+_CLAIMED = select_requests().where(
+    requests_t.c.id.in_(bindparam("b_ids", expanding=True)),
+    requests_t.c.claimed_by == bindparam("b_dispatcher"),
+)
 
 
 def claimants(conn: Connection, exclude: str) -> set[str]:

@@ -27,6 +27,15 @@ __all__ = [
 ]
 
 
+#: the submitted requests of some create jobs of a backend (built once: read for every batch
+#: of job ends)
+_SUBMITTED = select(requests_t.c.id, requests_t.c.job_id, requests_t.c.attempts).where(
+    requests_t.c.backend_id == bindparam("b_backend"),
+    requests_t.c.job_id.in_(bindparam("b_jobs", expanding=True)),
+    requests_t.c.status == RequestStatus.SUBMITTED.value,
+)
+
+
 def settle_requests(
     conn: Connection, backend_id: int, finals: Iterable[tuple[int, JobSummary]], now: datetime
 ) -> int:
@@ -34,13 +43,7 @@ def settle_requests(
     by_job = dict(finals)
     if not by_job:
         return 0
-    rows = conn.execute(
-        select(requests_t.c.id, requests_t.c.job_id, requests_t.c.attempts).where(
-            requests_t.c.backend_id == backend_id,
-            requests_t.c.job_id.in_(list(by_job)),
-            requests_t.c.status == RequestStatus.SUBMITTED.value,
-        )
-    ).all()
+    rows = conn.execute(_SUBMITTED, {"b_backend": backend_id, "b_jobs": list(by_job)}).all()
     ended: list[dict[str, Any]] = []
     for row in rows:
         summary = by_job[row.job_id]
