@@ -131,17 +131,22 @@ async def test_changes_committed_while_the_reader_lingers_come_in_one_read(
     poll = 0.05 if db_url.startswith("sqlite") else 60
     async with Store(db_url) as writer, Store(db_url, poll_interval=poll) as reader:
         reads = 0
+        read_once = asyncio.Event()
         list_changes = reader._changes.list_changes
 
         async def counted(**kwargs: Any) -> Any:
             nonlocal reads
             reads += 1
-            return await list_changes(**kwargs)
+            found = await list_changes(**kwargs)
+            read_once.set()
+            return found
 
         reader._changes.list_changes = counted  # type: ignore[method-assign]
         start = await reader.last_change_id()
         async with contextlib.aclosing(reader.changes(since=start)) as changes:
             task = asyncio.create_task(_collect(changes, 4))
+            # its first read done (PostgreSQL: it LISTENs from before it), then the first commit
+            await asyncio.wait_for(read_once.wait(), WAIT)
             first = await _request(writer, "first.example")
             await asyncio.wait_for(lingering.wait(), WAIT)  # woken (SQLite: its poll), lingering
             later = [await _request(writer, f"later{n}.example") for n in range(3)]
