@@ -40,6 +40,20 @@ _UPDATE = (
 )
 
 
+#: the live rows of some names of a backend, with their observed columns (built once: the
+#: dispatcher stores what Ganeti made after every batch of creates that end)
+_LIVE_OBSERVED = select(
+    instances_t.c.id,
+    instances_t.c.name,
+    instances_t.c.state_time,
+    *(instances_t.c[name] for name in OBSERVED_FIELDS),
+).where(
+    instances_t.c.backend_id == bindparam("b_backend"),
+    instances_t.c.name.in_(bindparam("b_names", expanding=True)),
+    instances_t.c.status != InstanceStatus.DESTROYED.value,
+)
+
+
 def store_observed(
     conn: Connection,
     backend_id: int,
@@ -55,16 +69,11 @@ def store_observed(
     rows changed.
     """
     now = now or datetime.now(UTC)
-    columns = [instances_t.c[name] for name in OBSERVED_FIELDS]
     names = sorted(observed)
     changed = 0
     for start in range(0, len(names), _CHUNK):
         rows = conn.execute(
-            select(instances_t.c.id, instances_t.c.name, instances_t.c.state_time, *columns).where(
-                instances_t.c.backend_id == backend_id,
-                instances_t.c.name.in_(names[start : start + _CHUNK]),
-                instances_t.c.status != InstanceStatus.DESTROYED.value,
-            )
+            _LIVE_OBSERVED, {"b_backend": backend_id, "b_names": names[start : start + _CHUNK]}
         ).all()
         updates: list[dict[str, Any]] = []
         for row in rows:
