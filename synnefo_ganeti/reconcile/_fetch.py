@@ -374,9 +374,7 @@ def live_rows_plain(
         fetched = conn.execute(_live_select(backend)).all()
         return lambda: fetched, _unchanged
     packed = conn.execute(
-        select(func.json_group_array(func.json_array(*_COLUMNS))).where(
-            _c.backend_id == _backend_id(backend), _LIVE
-        )
+        _live_select(backend).with_only_columns(func.json_group_array(func.json_array(*_COLUMNS)))
     ).scalar_one()
     return functools.partial(orjson.loads, packed), _processor(conn.dialect)
 

@@ -243,7 +243,7 @@ class PassRows:
 
     def __init__(
         self,
-        rows: dict[str, tuple[Any, ...]],
+        rows: dict[str, Sequence[Any]],
         expected: dict[str, list[Any]],
         jobs: dict[int, StoredJob],
         taken_at: float,
@@ -256,7 +256,7 @@ class PassRows:
         """The :func:`~._fetch.live_rows` tuple of ``name``'s row."""
         row = self.rows[name]
         if name not in self.expected:
-            return row
+            return tuple(row)  # (made one when read: the same tuple)
         return decoded_row(row if self.process is None else self.process(row))
 
 
@@ -285,7 +285,7 @@ def _pass_rows(
     """A row that can settle by its cells is kept as the database gave it (its JSON columns
     texts; on SQLite a list of a few objects, not a few dozen), made a full row again only if
     it does not settle (:meth:`PassRows.row`)."""
-    rows: dict[str, tuple[Any, ...]] = {}
+    rows: dict[str, Sequence[Any]] = {}
     expected = {}
     made: dict[Any, list[Any]] = {}
     texts = _TextRows(made)
@@ -302,7 +302,7 @@ def _pass_rows(
                 if cells is None:
                     rows[row[0]] = row
                     continue
-            rows[raw[0]] = raw if type(raw) is tuple else tuple(raw)
+            rows[raw[0]] = raw  # as read (on SQLite a list): row() makes its full tuple if needed
             expected[raw[0]] = cells
     return PassRows(rows, expected, jobs, taken_at, process)
 
@@ -340,7 +340,8 @@ class PassReads:
     ``async with PassReads(store, names) as reads``: the snapshot is taken on entering
     (:meth:`pinned` then returns, and a backend may be asked); the stored networks are read
     first, once (:meth:`networks`, for each backend's network check), then each backend's rows
-    (``await reads.rows(name)`` waits for one backend's). The snapshot is let go once all are read.
+    (``await reads.rows(name)`` waits for one backend's). The snapshot is held until the pass
+    leaves, for the orphans' DESTROYED rows (:meth:`destroyed`).
     ``pinned`` False (an in-memory database, see :mod:`synnefo_ganeti.store._pinned`): ask
     a backend only after its rows are read.
     """

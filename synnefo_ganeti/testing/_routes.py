@@ -477,7 +477,7 @@ class Surface:
         if "fields" not in request.query:
             raise HTTPError(400, "Missing &#x27;fields&#x27; query argument")
         fields = [name.strip() for name in request.query["fields"].split(",")]
-        return _json(query_json(self.cluster, self._resource(request), fields))
+        return query_json(self.cluster, self._resource(request), fields)
 
     async def _query_put(self, request: web.Request) -> Any:
         body = await self._raw(request)
@@ -489,13 +489,9 @@ class Surface:
                 raise HTTPError(400, "Missing &#x27;fields&#x27; query argument")
             fields = [name.strip() for name in request.query["fields"].split(",")]
         qfilter = body.get("qfilter", body.get("filter"))
-        return _json(query_json(self.cluster, self._resource(request), [str(f) for f in fields], qfilter))
+        return query_json(self.cluster, self._resource(request), [str(f) for f in fields], qfilter)
 
     async def _query_fields(self, request: web.Request) -> Any:
         raw = request.query.get("fields")
         fields = None if raw is None else [name.strip() for name in raw.split(",")]
         return query_fields(self._resource(request), fields)
-
-
-def _json(body: bytes) -> web.Response:
-    return web.Response(body=body, content_type="application/json")

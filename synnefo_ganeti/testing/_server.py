@@ -187,7 +187,8 @@ class RapiApp:
             result = await handler(request)
             if isinstance(result, web.StreamResponse):
                 return result
-            return web.Response(body=orjson.dumps(result), content_type="application/json")
+            body = result if isinstance(result, bytes) else orjson.dumps(result)  # bytes: dumped already
+            return web.Response(body=body, content_type="application/json")
 
         return wrapped
 
