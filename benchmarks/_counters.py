@@ -52,18 +52,17 @@ class ByteCounter:
 
 
 class QueryCounter:
-    """SQL statements run on the store's engines while ``counting`` is set."""
+    """SQL statements run while ``counting`` is set, on every engine of this process: the
+    store's, and those a pass makes for its pinned read of a SQLite file (one a pass, made
+    after this counter: a listener on the ``Engine`` class sees them too)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self) -> None:
         from sqlalchemy import event
+        from sqlalchemy.engine import Engine
 
         self.count = 0
         self.counting = False
-        self._engines = [store.engine.sync_engine]
-        if store._sync_engine is not None:
-            self._engines.append(store._sync_engine)
-        for engine in self._engines:
-            event.listen(engine, "before_cursor_execute", self._on_execute)
+        event.listen(Engine, "before_cursor_execute", self._on_execute)
 
     def _on_execute(self, *_args: Any) -> None:
         if self.counting:
@@ -71,6 +70,6 @@ class QueryCounter:
 
     def close(self) -> None:
         from sqlalchemy import event
+        from sqlalchemy.engine import Engine
 
-        for engine in self._engines:
-            event.remove(engine, "before_cursor_execute", self._on_execute)
+        event.remove(Engine, "before_cursor_execute", self._on_execute)

@@ -352,7 +352,7 @@ async def run_config(fakes: Fakes, args: argparse.Namespace, folder: str) -> dic
             client = backend.rapi_client(timeout=settings.reconcile_timeout(backend))
             clients[backend.name] = await stack.enter_async_context(client)
         reconciler = await stack.enter_async_context(Reconciler(settings, store=store, clients=clients))
-        counter = QueryCounter(store)
+        counter = QueryCounter()
         stack.callback(counter.close)
 
         gc_timer = GcTimer()
