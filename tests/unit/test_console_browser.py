@@ -96,16 +96,22 @@ class Browser:
         self.driver.get(self.base + path)
 
     def text(self) -> str:
-        """The page's text; read again if a live update or a navigation replaced the body meanwhile."""
-        from selenium.common.exceptions import StaleElementReferenceException
-        from selenium.webdriver.common.by import By
+        """The page's rendered text, read in one script in the page.
 
+        No element handle is held between two WebDriver calls, so a live update or a navigation that
+        replaces the body cannot leave a stale node in between (chromedriver reported that as "Node with
+        given id does not belong to the document", an unknown error, not a stale reference). A script
+        that ran while the document was unloading is read again.
+        """
+        from selenium.common.exceptions import WebDriverException
+
+        last: WebDriverException | None = None
         for _ in range(20):
             try:
-                return str(self.driver.find_element(By.TAG_NAME, "body").text)
-            except StaleElementReferenceException:
-                continue
-        raise AssertionError("the page's body kept being replaced while read")
+                return str(self.driver.execute_script("return document.body ? document.body.innerText : ''"))
+            except WebDriverException as exc:
+                last = exc
+        raise AssertionError(f"the page's text could not be read: {last}")
 
     def until(self, predicate: Callable[[], Any], what: str) -> Any:
         from selenium.common.exceptions import StaleElementReferenceException
@@ -130,15 +136,9 @@ class Browser:
         self.until(clicked, f"a click on {css}")
 
     def badge(self, css: str) -> str:
-        """The text of the first ``.badge`` in ``css`` ("" when absent or being replaced)."""
-        from selenium.common.exceptions import StaleElementReferenceException
-        from selenium.webdriver.common.by import By
-
-        try:
-            found = self.driver.find_elements(By.CSS_SELECTOR, f"{css} .badge")
-            return str(found[0].text) if found else ""
-        except StaleElementReferenceException:
-            return ""
+        """The text of the first ``.badge`` in ``css`` ("" when absent), read in one script in the page."""
+        script = "const e = document.querySelector(arguments[0]); return e ? e.innerText : ''"
+        return str(self.driver.execute_script(script, f"{css} .badge"))
 
     def shot(self, name: str) -> None:
         self.driver.save_screenshot(str(self.shots / f"{name}.png"))
