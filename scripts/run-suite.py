@@ -11,6 +11,11 @@ printed once both ended (its failures first if it failed), so the two do not int
 
 ``SYNNEFO_GANETI_TEST_SERIAL=1`` runs them one after the other instead (to tell a failure that only
 shows under load from one that does not). The exit status is non-zero when either run failed.
+
+``SYNNEFO_GANETI_TEST_UNITS_DONE=FILE``: once the tests that need no Ganeti have ended (or this run
+stopped before they could), FILE holds their exit status. ``.ci/run`` runs tox's envs two at a
+time and the fast envs wait for FILE (``scripts/await-units.py``): they run beside the real-Ganeti
+tests' last minutes, when those mostly wait on Ganeti, not beside the CPU-bound tests.
 """
 
 from __future__ import annotations
@@ -29,9 +34,25 @@ def _say(message: str) -> None:
     print(f"[run-suite {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def _units_done(status: int | str) -> None:
+    """Tell whoever waits for the tests that need no Ganeti (``SYNNEFO_GANETI_TEST_UNITS_DONE``)."""
+    path = os.environ.get("SYNNEFO_GANETI_TEST_UNITS_DONE")
+    if not path:
+        return
+    part = f"{path}.part"
+    with open(part, "w") as out:
+        out.write(f"{status}\n")
+    os.replace(part, path)
+
+
 def _serial(extra: list[str]) -> int:
     _say("serial: the tests that need no Ganeti, then the real-Ganeti ones")
-    first = subprocess.call(UNIT + extra)
+    try:
+        first = subprocess.call(UNIT + extra)
+    except BaseException:
+        _units_done("stopped")
+        raise
+    _units_done(first)
     second = subprocess.call(REAL)
     return first or second
 
@@ -44,11 +65,15 @@ def main() -> int:
     with tempfile.NamedTemporaryFile("w+", prefix="real-ganeti-tests-", suffix=".log") as log:
         _say(f"real-Ganeti tests started (output: {log.name}, printed when they end)")
         real = subprocess.Popen(REAL, stdout=log, stderr=subprocess.STDOUT)
+        unit: int | None = None
         try:
             unit = subprocess.call(UNIT + extra)
+            _units_done(unit)
             _say(f"tests that need no Ganeti: exit {unit} after {time.monotonic() - t0:.0f} s")
             real_rc = real.wait()
         except BaseException:
+            if unit is None:
+                _units_done("stopped")
             real.terminate()
             real.wait()
             raise
