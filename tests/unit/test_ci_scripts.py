@@ -27,6 +27,13 @@ def _run_suite() -> ModuleType:
     return module
 
 
+def _suite_told_to_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, Path]:
+    """run-suite.py loaded, with ``SYNNEFO_GANETI_TEST_UNITS_DONE`` naming a file in ``tmp_path``."""
+    marker = tmp_path / "units-done"
+    monkeypatch.setenv("SYNNEFO_GANETI_TEST_UNITS_DONE", str(marker))
+    return _run_suite(), marker
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYNNEFO_GANETI_TEST_UNITS")}
     env.update(extra)
@@ -79,9 +86,7 @@ def test_await_units_gives_up_after_its_limit(tmp_path: Path) -> None:
 def test_run_suite_writes_the_units_status_when_they_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run_suite = _run_suite()
-    marker = tmp_path / "units-done"
-    monkeypatch.setenv("SYNNEFO_GANETI_TEST_UNITS_DONE", str(marker))
+    run_suite, marker = _suite_told_to_write(tmp_path, monkeypatch)
     calls: list[list[str]] = []
 
     def call(args: list[str], **_: Any) -> int:
@@ -104,9 +109,7 @@ def test_run_suite_writes_the_units_status_when_they_end(
 def test_run_suite_stopped_before_the_units_ended_still_frees_the_waiters(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run_suite = _run_suite()
-    marker = tmp_path / "units-done"
-    monkeypatch.setenv("SYNNEFO_GANETI_TEST_UNITS_DONE", str(marker))
+    run_suite, marker = _suite_told_to_write(tmp_path, monkeypatch)
 
     class Real:
         def __init__(self, *_: Any, **__: Any) -> None:
