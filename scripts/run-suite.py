@@ -45,14 +45,20 @@ def _units_done(status: int | str) -> None:
     os.replace(part, path)
 
 
-def _serial(extra: list[str]) -> int:
-    _say("serial: the tests that need no Ganeti, then the real-Ganeti ones")
+def _units(extra: list[str]) -> int:
+    """The tests that need no Ganeti; their waiters told when they end, or that they stopped."""
     try:
-        first = subprocess.call(UNIT + extra)
+        status = subprocess.call(UNIT + extra)
     except BaseException:
         _units_done("stopped")
         raise
-    _units_done(first)
+    _units_done(status)
+    return status
+
+
+def _serial(extra: list[str]) -> int:
+    _say("serial: the tests that need no Ganeti, then the real-Ganeti ones")
+    first = _units(extra)
     second = subprocess.call(REAL)
     return first or second
 
@@ -65,15 +71,11 @@ def main() -> int:
     with tempfile.NamedTemporaryFile("w+", prefix="real-ganeti-tests-", suffix=".log") as log:
         _say(f"real-Ganeti tests started (output: {log.name}, printed when they end)")
         real = subprocess.Popen(REAL, stdout=log, stderr=subprocess.STDOUT)
-        unit: int | None = None
         try:
-            unit = subprocess.call(UNIT + extra)
-            _units_done(unit)
+            unit = _units(extra)
             _say(f"tests that need no Ganeti: exit {unit} after {time.monotonic() - t0:.0f} s")
             real_rc = real.wait()
         except BaseException:
-            if unit is None:
-                _units_done("stopped")
             real.terminate()
             real.wait()
             raise

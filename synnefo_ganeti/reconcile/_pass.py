@@ -256,7 +256,7 @@ class PassRows:
         """The :func:`~._fetch.live_rows` tuple of ``name``'s row."""
         row = self.rows[name]
         if name not in self.expected:
-            return tuple(row)  # (made one when read: the same tuple)
+            return tuple(row)  # a list as read on SQLite; a tuple (returned as is) elsewhere
         return decoded_row(row if self.process is None else self.process(row))
 
 
