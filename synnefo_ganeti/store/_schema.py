@@ -157,6 +157,10 @@ class Instance(Base):
     memory: Mapped[int | None] = mapped_column(Integer)
     vcpus: Mapped[int | None] = mapped_column(Integer)
     pnode: Mapped[str | None] = mapped_column(String(255))
+    #: its primary node as Ganeti (or the dispatcher's node reads) last saw it: None while the
+    #: node is up, "down" (Ganeti's ERROR_nodedown) or "offline" (ERROR_nodeoffline); migration 0010
+    node_state: Mapped[str | None] = mapped_column(String(16))
+    node_state_since: Mapped[datetime | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -271,6 +275,24 @@ class BackendEvent(Base):
     at: Mapped[datetime]
 
 
+class BackendNode(Base):
+    """A node of a backend as the dispatcher last read it (migration 0010): whether Ganeti
+    still reads its live figures ("up"), not ("down"), or it is marked offline, and since when."""
+
+    __tablename__ = "backend_nodes"
+
+    backend_id: Mapped[int] = mapped_column(ForeignKey("backends.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    #: "up", "down" or "offline"
+    state: Mapped[str] = mapped_column(String(16))
+    #: when it entered ``state``
+    since: Mapped[datetime]
+    #: the last read that confirmed ``state``
+    seen_at: Mapped[datetime]
+    #: the first sign of a down node (no live figures, an RPC failure, a failed create naming it)
+    detail: Mapped[str | None] = mapped_column(Text)
+
+
 class CreateRequest(Base):
     """A durable instance-create request (``ControlPlane.request_instance``).
 
@@ -302,6 +324,9 @@ class CreateRequest(Base):
     #: the instance row's public id once placed (``Request.instance_id``)
     instance_uuid: Mapped[str | None] = mapped_column(String(36))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: every failed attempt, oldest first: {"attempt", "backend", "node", "job_id", "error", "at"}
+    #: (migration 0010)
+    attempt_errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     submitted_at: Mapped[datetime | None]

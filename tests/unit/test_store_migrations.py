@@ -19,6 +19,7 @@ from synnefo_ganeti.store._schema import metadata
 TABLES = {
     "backends",
     "backend_events",
+    "backend_nodes",
     "instances",
     "instance_jobs",
     "jobs",
