@@ -142,6 +142,13 @@ class StoredInstance:
     memory: int | None = None
     vcpus: int | None = None
     pnode: str | None = None
+    #: the state of the primary node (``pnode``) as the dispatcher or a reconcile pass last saw
+    #: it: None while it is up, "down" (Ganeti reads the instance ``ERROR_nodedown``: the node
+    #: does not answer) or "offline" (``ERROR_nodeoffline``: an operator marked it offline). The
+    #: instance's ``status`` is left as it was: what it was asked to be, not known while its node
+    #: is gone. ``node_state_since``: when it was first seen so (None while up).
+    node_state: str | None = None
+    node_state_since: datetime | None = None
 
     #: what ``--json`` shows: not the time of the last applied job end
     __json_fields__ = (
@@ -165,6 +172,8 @@ class StoredInstance:
         "memory",
         "vcpus",
         "pnode",
+        "node_state",
+        "node_state_since",
     )
 
     def to_json(self) -> dict[str, Any]:
@@ -195,6 +204,8 @@ class StoredInstance:
             memory=row.memory,
             vcpus=row.vcpus,
             pnode=row.pnode,
+            node_state=row.node_state,
+            node_state_since=row.node_state_since,
         )
 
 

@@ -7,7 +7,8 @@ in :mod:`synnefo_ganeti.store._instances`. An instance the database lacks is a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypedDict, Unpack
 
@@ -32,10 +33,13 @@ from synnefo_ganeti.store._instances import (
     record_job,
 )
 from synnefo_ganeti.store._names import UniqueNames, check_name_free
+from synnefo_ganeti.store._node_state import check_node_state, set_node_state_rows, store_node_states
 from synnefo_ganeti.store._requests import RequestStatus
 from synnefo_ganeti.store._writer import Writer
 
 __all__ = ["InstancePage", "Instances"]
+
+log = logging.getLogger("synnefo_ganeti.store")
 
 
 class InstancePage(TypedDict, total=False):
@@ -225,3 +229,25 @@ class Instances:
             return get_instance_by_id(conn, instance.id, backend)
 
         return await self.writer.call(run)
+
+    async def set_node_state(self, backend: str, node: str, state: str | None, *, detail: str | None) -> int:
+        check_node_state(state)
+        backend_id = await self.backends.ensure(backend)
+        changed = await self.writer.call(lambda conn: set_node_state_rows(conn, backend_id, node, state))
+        if changed:
+            log.info(
+                "node %s of backend %s is %s: %d instance(s) marked%s",
+                node,
+                backend,
+                state or "up",
+                changed,
+                f" ({detail})" if detail else "",
+            )
+        return changed
+
+    async def store_node_states(self, backend: str, states: Mapping[str, str | None]) -> int:
+        if not states:
+            return 0
+        backend_id = await self.backends.ensure(backend)
+        snapshot = dict(states)
+        return await self.writer.call(lambda conn: store_node_states(conn, backend_id, snapshot))

@@ -20,7 +20,7 @@ could not do it (unreachable, locked by another process, another schema).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar, Unpack
@@ -401,3 +401,16 @@ class Store(RequestMethods):
         create's end counts as applied (stored later, it moves nothing) and its request ends
         (canceled, or failed with ``error``)."""
         return await self._instances.destroy_unbuilt(backend, name, job_id, result, error=error)
+
+    async def set_node_state(
+        self, backend: str, node: str, state: str | None, *, detail: str | None = None
+    ) -> int:
+        """Mark every live instance of ``backend`` whose primary node is ``node``: ``state`` "down"
+        (Ganeti's ``ERROR_nodedown``), "offline" (``ERROR_nodeoffline``) or None (up again); how
+        many rows changed (each one a change in the feed). ``detail``: why (logged)."""
+        return await self._instances.set_node_state(backend, node, state, detail=detail)
+
+    async def store_node_states(self, backend: str, states: Mapping[str, str | None]) -> int:
+        """Set the node state of each named live instance (a reconcile pass: from Ganeti's
+        instance status, see :func:`._node_state.node_state_of`); how many rows changed."""
+        return await self._instances.store_node_states(backend, states)
