@@ -1,9 +1,10 @@
 """Placement of new instances on backends: credits weighed by how fast each drains, round-robin to
-compare; and, inside a backend, the node (:mod:`._nodes`)."""
+compare; and, inside a backend, the node (:mod:`._nodes`), never one down or offline (:mod:`._liveness`)."""
 
 from __future__ import annotations
 
 from synnefo_ganeti.allocate._catalog import Catalog, check_name, check_numbers, check_spec, refusals
+from synnefo_ganeti.allocate._liveness import NodeChange, NodeLiveness, NodeState, NodeStateName
 from synnefo_ganeti.allocate._nodes import (
     MIRRORED_TEMPLATES,
     NodeLoad,
@@ -34,7 +35,11 @@ __all__ = [
     "NetworkLink",
     "NetworkOffer",
     "NoCapacityError",
+    "NodeChange",
+    "NodeLiveness",
     "NodeLoad",
+    "NodeState",
+    "NodeStateName",
     "NodeStats",
     "OsOffer",
     "Pending",

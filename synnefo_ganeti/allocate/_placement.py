@@ -34,6 +34,7 @@ can be divided by the waves it waited.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -42,10 +43,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from synnefo_ganeti.allocate._catalog import refusals
+from synnefo_ganeti.allocate._liveness import NodeChange, NodeLiveness, NodeState, NodeStateName
 from synnefo_ganeti.allocate._nodes import NodeLoad, choose_nodes, node_loads
 from synnefo_ganeti.allocate._views import BackendView, Pending, Requirement, Reservation
 from synnefo_ganeti.errors import NoCapacityError
-from synnefo_ganeti.rapi import InstanceSpec
+from synnefo_ganeti.rapi import InstanceSpec, Node
 
 __all__ = [
     "Allocator",
@@ -68,6 +70,8 @@ _UNBOUNDED = 1_000_000_000  # credits of a backend no resource constrains
 class _Backend:
     view: BackendView
     order: int
+    #: its nodes down or offline (out of placement and of its capacity)
+    liveness: NodeLiveness
     reservations: dict[int, Reservation] = field(default_factory=dict)
     # id -> monotonic time the job was accounted; dropped by the first update read after it.
     accounted: dict[int, float] = field(default_factory=dict)
@@ -78,6 +82,8 @@ class _Backend:
     last_chosen: int = -1
     # node -> monotonic time a create there failed for lack of room; out until stats read after it
     full: dict[str, float] = field(default_factory=dict)
+    # read_at of the node read that saw a node back; the backend is due for stats read since
+    returned: float | None = None
 
 
 class Allocator:
@@ -126,9 +132,14 @@ class Allocator:
         """
         backend = self._backends.get(view.name)
         if backend is None:
-            self._backends[view.name] = _Backend(view=view, order=len(self._backends))
+            backend = _Backend(view=view, order=len(self._backends), liveness=NodeLiveness(view.name))
+            self._backends[view.name] = backend
+            _sync_out(backend)
             return
         backend.view = view
+        _sync_out(backend)
+        if backend.returned is not None and view.stats_at is not None and view.stats_at >= backend.returned:
+            backend.returned = None
         for rid, at in list(backend.accounted.items()):
             if view.stats_at is None or view.stats_at >= at:
                 del backend.accounted[rid]
@@ -192,7 +203,11 @@ class Allocator:
         return [
             name
             for name, b in self._backends.items()
-            if b.accounted or b.full or b.view.stats_at is None or now - b.view.stats_at >= interval
+            if b.accounted
+            or b.full
+            or b.returned is not None
+            or b.view.stats_at is None
+            or now - b.view.stats_at >= interval
         ]
 
     # -- decisions ---------------------------------------------------------------------------
@@ -214,7 +229,8 @@ class Allocator:
             return 0, f"disk template {req.disk_template} not enabled (enabled: {enabled})"
         usable = view.usable_nodes
         if not usable:
-            return 0, "no usable node (all offline, drained or not vm_capable)"
+            down = f"; down or offline: {', '.join(sorted(view.out_nodes))}" if view.out_nodes else ""
+            return 0, f"no usable node (all offline, drained or not vm_capable{down})"
         if req.disk_template == "drbd" and len(usable) < 2:
             return 0, "drbd needs 2 usable nodes, there is 1"
         max_vcpus = view.max_vcpus
@@ -345,6 +361,54 @@ class Allocator:
             for node in reservation.nodes:
                 backend.full[node] = at
 
+    # -- nodes down or offline (see ._liveness) ------------------------------------------------
+
+    def nodes_seen(
+        self, name: str, nodes: Iterable[Node], *, read_at: float, now: float | None = None
+    ) -> list[NodeChange]:
+        """A read of every node of ``name`` begun at ``read_at`` (monotonic): nodes without live
+        figures (or offline) out of placement, those with them back (read after the last sign
+        against them); the changes. A node back makes the backend due for fresh stats."""
+        backend = self._backends.get(name)
+        if backend is None:
+            return []
+        now = time.monotonic() if now is None else now
+        changes = backend.liveness.seen(nodes, read_at=read_at, now=now)
+        if any(change.state is None for change in changes):
+            backend.returned = read_at  # its figures: in the stats of this read, or a later one
+        _sync_out(backend)
+        return changes
+
+    def node_failed(
+        self,
+        name: str,
+        node: str,
+        state: NodeStateName = "down",
+        detail: str | None = None,
+        *,
+        now: float | None = None,
+    ) -> NodeChange | None:
+        """A job failed naming ``node`` of ``name`` (an RPC to it failed, it is offline): out of
+        placement at once, until a node read begun after now shows its figures; the change."""
+        backend = self._backends.get(name)
+        if backend is None:
+            return None
+        change = backend.liveness.failed(node, state, detail, now=now)
+        _sync_out(backend)
+        return change
+
+    def node_refused(self, name: str, node: str, *, now: float | None = None) -> None:
+        """Ganeti refused ``node`` for a reason its next stats show (drained, not vm_capable): out
+        of node choice until stats read after ``now``, as :meth:`node_full`."""
+        backend = self._backends.get(name)
+        if backend is not None:
+            backend.full[node] = time.monotonic() if now is None else now
+
+    def node_states(self, name: str) -> dict[str, NodeState]:
+        """The nodes of ``name`` down or offline now, and since when and why."""
+        backend = self._backends.get(name)
+        return {} if backend is None else dict(backend.liveness.states)
+
     def release(self, reservation: Reservation) -> bool:
         """Give a reservation's capacity back (the create failed or was never sent)."""
         backend = self._backends.get(reservation.name)
@@ -421,3 +485,10 @@ class Allocator:
                 raise
             done.append(reservation)
         return done
+
+
+def _sync_out(backend: _Backend) -> None:
+    """The view's ``out_nodes`` as the backend's node liveness says."""
+    out = backend.liveness.out
+    if backend.view.out_nodes != out:
+        backend.view = dataclasses.replace(backend.view, out_nodes=out)

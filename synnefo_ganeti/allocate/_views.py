@@ -67,6 +67,8 @@ class BackendView:
     ``disk_templates`` empty means unknown: any template is accepted.
     ``refusing_until`` is set (monotonic time) when a submit got a 503.
     ``catalog``: what the backend offers (OSes, instance policy; ``None``: unknown, no check).
+    ``out_nodes``: nodes down or offline (:mod:`._liveness`): neither chosen nor counted in its
+    capacity; the :class:`~synnefo_ganeti.allocate.Allocator` keeps it (whatever a caller sets).
     """
 
     name: str
@@ -77,10 +79,15 @@ class BackendView:
     refusing_until: float | None = None
     stats_at: float | None = None
     catalog: Catalog | None = None
+    out_nodes: frozenset[str] = frozenset()
 
     @property
     def usable_nodes(self) -> list[Node]:
-        return [n for n in self.nodes if not n.offline and not n.drained and n.vm_capable is not False]
+        return [
+            n
+            for n in self.nodes
+            if not n.offline and not n.drained and n.vm_capable is not False and n.name not in self.out_nodes
+        ]
 
     @property
     def free_memory(self) -> int:

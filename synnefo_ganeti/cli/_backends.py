@@ -148,13 +148,14 @@ def _health_text(row: dict[str, Any]) -> str:
 
 
 async def _show(settings: Settings, name: str) -> dict[str, Any]:
-    """The backend's row for ``show``: health and drained from the database (when it can tell),
-    the catalog read now (its error, if it could not be read)."""
+    """The backend's row for ``show``: health, drained and its nodes as the dispatcher saw them
+    (up, down or offline, since when, the first sign) from the database (when it can tell), the
+    catalog read now (its error, if it could not be read)."""
     backend = settings.backend(name)  # ConfigError (exit 2) for a name the config does not define
     timeout = settings.reconcile_timeout(backend)
     row: dict[str, Any] = {
         "name": name, "url": backend.url, "drained": backend.drained, "reachable": False, "error": None,
-        "health": "unknown", "health_at": None, "health_detail": None, "catalog": None,
+        "health": "unknown", "health_at": None, "health_detail": None, "nodes": [], "catalog": None,
     }  # fmt: skip
     try:
         store = Store(existing(settings.database.url), create=False)
@@ -170,6 +171,10 @@ async def _show(settings: Settings, name: str) -> dict[str, Any]:
             health_at=iso(state.get("health_at")),
             health_detail=state.get("health_detail"),
         )
+        nodes = (await store.backend_nodes(name)).get(name, [])
+        row["nodes"] = [
+            {**node, "since": iso(node["since"]), "seen_at": iso(node["seen_at"])} for node in nodes
+        ]
         async with (
             backend.rapi_client(timeout=timeout) as client,
             ControlPlane(settings, store=store, clients={name: client}) as cp,
@@ -211,6 +216,11 @@ def _print_show(row: dict[str, Any], catalog: BackendCatalog | None) -> None:
     out = stdout()
     drained = "yes" if row["drained"] else "no"
     out.print(f"backend {row['name']} ({row['url']}): drained {drained}, health {_health_text(row)}")
+    for node in row["nodes"]:  # as the dispatcher last read them: those out of placement
+        if node["state"] != "up":
+            since = datetime.fromisoformat(node["since"]).strftime("%Y-%m-%d %H:%M:%S")
+            why = f": {node['detail']}" if node["detail"] else ""
+            out.print(f"node {node['name']} is {node['state']} since {since} (out of placement){why}")
     if catalog is None:
         out.print(f"not reachable: {row['error']}")
         return

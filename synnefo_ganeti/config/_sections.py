@@ -318,6 +318,10 @@ class DispatcherSettings(_Section):
     poll_interval: float = Field(default=0.5, gt=0, allow_inf_nan=False)
     #: a request no backend can take is tried again until it is this old (seconds), then failed
     placement_timeout: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    #: creates of one request that may fail in Ganeti for a reason of their backend or node (no
+    #: room, the OS missing, the node down, offline or drained) before it fails; each such failure
+    #: places it again (elsewhere), its error kept in ``Request.attempt_errors``
+    max_attempts: int = Field(default=3, ge=1, le=100)
     #: seconds SIGTERM leaves in-flight calls to finish
     shutdown_timeout: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     #: the status server (/metrics, /healthz, /readyz); port 0 picks a free one, None: off

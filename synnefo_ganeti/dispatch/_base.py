@@ -54,6 +54,7 @@ class DispatcherStats:
     canceled: int = 0
     placement_retries: int = 0
     capacity_retries: int = 0  # creates that failed for lack of room, placed again
+    node_retries: int = 0  # creates that failed because of their node (down, offline), placed again
     reconcile_passes: int = 0
     started_at: float = field(default_factory=time.time)
 
@@ -121,6 +122,13 @@ class DispatcherBase(BackendResources):
         #: per backend what it offers (OSes, ipolicy), for placement (control/_validate.py)
         self.catalogs = Catalogs(self.client)
         self._health_task: asyncio.Task[Any] | None = None
+        # nodes down or offline (dispatch/_node_watch.py): the root task reading them, the nodes
+        # a failed job named (backend -> nodes) not written yet and what wakes it for them, and
+        # when each backend's nodes were last written (monotonic)
+        self._nodes_task: asyncio.Task[Any] | None = None
+        self._node_signs: dict[str, set[str]] = {}
+        self._node_wake = asyncio.Event()
+        self._nodes_written: dict[str, float] = {}
         self._reload_lock = asyncio.Lock()
         # backend -> (when, the listing of its jobs by reason) for crash recovery
         self._job_listings: dict[str, tuple[float, asyncio.Future[dict[str, int]]]] = {}

@@ -34,6 +34,7 @@ from synnefo_ganeti.store import (
     RequestNotHeldError,
     is_backend_error,
     is_capacity_error,
+    is_node_error,
     request_tag,
 )
 
@@ -154,6 +155,8 @@ class Submitter(Recovery):
             if request.cancel_requested:
                 await self._cancel(request)
                 return
+            if await self._attempts_spent(request):
+                return
             outcome = await self._place_and_submit(request)
             if outcome is None:
                 return
@@ -166,9 +169,13 @@ class Submitter(Recovery):
                 continue
             age = time.time() - request.created_at.timestamp()
             if age > self.settings.dispatcher.placement_timeout:
+                count = len(request.attempt_errors)
+                before = (
+                    f"; its create failed {count} time(s) before, {_last_failure(request)}" if count else ""
+                )
                 await self._fail(
                     request,
-                    f"not placed within {self.settings.dispatcher.placement_timeout:g} s: {outcome}",
+                    f"not placed within {self.settings.dispatcher.placement_timeout:g} s: {outcome}{before}",
                 )
                 return
             if isinstance(outcome, _NoRoom):
@@ -272,6 +279,20 @@ class Submitter(Recovery):
             await self._cancel_sent(recorded, client)
         return None
 
+    async def _attempts_spent(self, request: Request) -> bool:
+        """A request whose creates failed (placed again: no room, its backend or its node) fails
+        once ``max_attempts`` of them failed; its ``error`` then names the last failure and how
+        many there were (each in ``attempt_errors``). (One that finds no room to be placed again
+        fails at ``placement_timeout``, as any request: :meth:`_work_on`.)"""
+        count, limit = len(request.attempt_errors), self.settings.dispatcher.max_attempts
+        if count < limit:
+            return False
+        self._avoid.pop(request.id, None)
+        await self._fail(
+            request, f"its create failed {count} times (max_attempts {limit}); {_last_failure(request)}"
+        )
+        return True
+
     def _reserve(self, request: Request, spec: InstanceSpec) -> Reservation:
         wanted = request.want_backend
         if wanted is not None and wanted not in self._backends:
@@ -282,11 +303,14 @@ class Submitter(Recovery):
         return self.allocator.place(spec, only=wanted, nodes=nodes, exclude=self._avoid.get(request.id, ()))
 
     def _on_commit(self, info: CommitInfo) -> None:
-        """Job ends the writer stored: the allocator learns, capacity is accounted."""
+        """Job ends the writer stored: the allocator learns, capacity is accounted, and a node
+        a failed job (of any kind) blames is out of placement at once."""
         ended = 0
         for backend, summary in info.applied:
             if not summary.status.is_final:
                 continue
+            if summary.status is JobStatus.ERROR:
+                self._note_node_faults(backend, summary)
             reservation = self._jobs.pop((backend, summary.job_id), None)
             request_id = self._job_requests.pop((backend, summary.job_id), None)
             if reservation is None:
@@ -295,11 +319,15 @@ class Submitter(Recovery):
             ok = summary.status is JobStatus.SUCCESS
             error = next((op.error for op in summary.ops if op.error), None)
             if request_id is not None:
-                self._remember_refusal(request_id, backend, error if not ok else None)
+                self._remember_refusal(request_id, backend, error if not ok else None, reservation)
             if not ok and is_capacity_error(error):
                 self.stats.capacity_retries += 1  # the store put the request back to be placed again
                 # its nodes had no room after all (stale stats): none of them until fresh stats
                 self.allocator.node_full(reservation)
+            elif not ok and is_node_error(error) is not None:
+                self.stats.node_retries += 1  # placed again; its node is out (_note_node_faults)
+            elif not ok and is_backend_error(error):
+                pass  # placed again (another backend): counted when it ends
             else:
                 metrics.REQUESTS.labels(_REQUEST_END.get(summary.status, "failed")).inc()
             seconds = None
@@ -315,15 +343,32 @@ class Submitter(Recovery):
             self._wake.set()
             self._room.free(ended)
 
-    def _remember_refusal(self, request_id: str, backend: str, error: str | None) -> None:
+    def _remember_refusal(
+        self, request_id: str, backend: str, error: str | None, reservation: Reservation | None = None
+    ) -> None:
         """A create that failed for a reason of its backend other than room (the OS missing
         there, its policy: the store puts it back to be placed) is not placed there again;
-        that backend's OS list is read again at its next node stats."""
+        that backend's OS list is read again at its next node stats. One that failed because of
+        the node the dispatcher chose changes nothing here (that node is out of placement for
+        every request); because of a node Ganeti's iallocator asked (no node chosen: Ganeti
+        fails every such create while a node not offline does not answer), that backend is
+        avoided like one that refused it."""
+        if error is not None and is_node_error(error) is not None:
+            if reservation is not None and reservation.node is None:
+                self._avoid.setdefault(request_id, set()).add(backend)
+            return
         if error is not None and is_backend_error(error) and not is_capacity_error(error):
             self._avoid.setdefault(request_id, set()).add(backend)
             self.catalogs.forget(backend)
         else:
             self._avoid.pop(request_id, None)
+
+
+def _last_failure(request: Request) -> str:
+    """``the last: job J on BACKEND node N: ERROR``, of its ``attempt_errors``."""
+    last = request.attempt_errors[-1]
+    node = f" node {last['node']}" if last.get("node") else ""
+    return f"the last: job {last.get('job_id')} on {last.get('backend')}{node}: {last.get('error')}"
 
 
 _REQUEST_END = {JobStatus.SUCCESS: "succeeded", JobStatus.ERROR: "failed", JobStatus.CANCELED: "canceled"}

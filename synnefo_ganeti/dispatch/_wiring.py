@@ -1,7 +1,8 @@
 """Per-backend wiring of the dispatcher: each backend's client, job follower (a queue
 watcher when its ``queue_dir`` is local, else a :class:`JobTracker`, handed every job any
 process records by :class:`~synnefo_ganeti.dispatch._follow.RecordedJobs`), its place in
-the health monitor and its node stats for placement."""
+the health monitor and its node stats for placement (its nodes down or offline: the mixin
+:class:`~synnefo_ganeti.dispatch._node_watch.NodeWatch`)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import time
 from synnefo_ganeti import metrics
 from synnefo_ganeti.allocate import BackendView
 from synnefo_ganeti.config import BackendSettings
-from synnefo_ganeti.dispatch._base import DispatcherBase, _Backend, _replace
+from synnefo_ganeti.dispatch._base import _Backend, _replace
 from synnefo_ganeti.dispatch._follow import RecordedJobs
+from synnefo_ganeti.dispatch._node_watch import NODES_TASK, NodeWatch
 from synnefo_ganeti.dispatch._tracker import JobTracker
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.health import HealthChange, HealthMonitor
@@ -29,7 +31,7 @@ log = logging.getLogger("synnefo_ganeti.dispatch")
 HEALTH_TASK = "dispatch health"
 
 
-class BackendWiring(DispatcherBase):
+class BackendWiring(NodeWatch):
     """Backends added and removed (start, reload, stop), health and node stats."""
 
     # -- backends --------------------------------------------------------------------------------
@@ -77,6 +79,8 @@ class BackendWiring(DispatcherBase):
                     "backend %s: %s ended with %r", name, "watcher" if entry.watcher else "tracker", result
                 )
         self.allocator.forget(name)
+        self._nodes_written.pop(name, None)
+        self._node_signs.pop(name, None)
         client = self._clients.pop(name, None)
         if client is not None and name in self._own_clients:
             self._own_clients.discard(name)
@@ -100,7 +104,8 @@ class BackendWiring(DispatcherBase):
 
     async def _start_health(self) -> None:
         """A health monitor over the backends of now (the states known carried over), in a
-        root task that replaces the one before (reload)."""
+        root task that replaces the one before (reload); and the reader of their nodes (its
+        own root task, :data:`~synnefo_ganeti.dispatch._node_watch.NODES_TASK`), likewise."""
         options = self.settings.dispatcher
         old = self.health
         clients = {name: await self.client(name) for name in self._backends}
@@ -121,8 +126,13 @@ class BackendWiring(DispatcherBase):
             self.supervisor.detach(self._health_task)
             self._health_task.cancel()
             self._health_task = None
+        if self._nodes_task is not None:
+            self.supervisor.detach(self._nodes_task)
+            self._nodes_task.cancel()
+            self._nodes_task = None
         if not self.supervisor.stopping:
             self._health_task = self.supervisor.start(HEALTH_TASK, self._health_loop(self.health))
+            self._nodes_task = self.supervisor.start(NODES_TASK, self._nodes_loop())
 
     async def _health_loop(self, monitor: HealthMonitor) -> None:
         written: dict[str, bool] = {}
@@ -197,6 +207,8 @@ class BackendWiring(DispatcherBase):
             return
         if name not in self._backends:
             return
+        # before the update: a node back makes the backend due for stats read after this one
+        changes = self.allocator.nodes_seen(name, nodes, read_at=read_at)
         view = self.allocator.view(name)
         settings = self._backends[name].settings
         self.allocator.update(
@@ -210,6 +222,7 @@ class BackendWiring(DispatcherBase):
                 catalog=self.catalogs.update(name, info, nodes, oses),
             )
         )
+        await self._nodes_read(name, nodes, read_at, changes)
 
     async def _stats_loop(self) -> None:
         interval = self.settings.dispatcher.stats_interval

@@ -8,6 +8,7 @@ database); :meth:`Store.put` queues job-file versions for its one batching write
 from __future__ import annotations
 
 from synnefo_ganeti.errors import RequestNotHeldError
+from synnefo_ganeti.store._backends import NodeRow
 from synnefo_ganeti.store._changes import Change
 from synnefo_ganeti.store._instances import (
     InstanceAction,
@@ -17,6 +18,7 @@ from synnefo_ganeti.store._instances import (
 )
 from synnefo_ganeti.store._migrate import current_revision, head_revision, upgrade
 from synnefo_ganeti.store._networks import NetworkOnBackend, NetworkState, NetworkStore, StoredNetwork
+from synnefo_ganeti.store._node_errors import NodeFault, is_node_error, node_fault
 from synnefo_ganeti.store._observed import OBSERVED_FIELDS, record_observed, store_observed
 from synnefo_ganeti.store._requests import Request, RequestStatus, new_request_id, request_tag
 from synnefo_ganeti.store._settle import is_backend_error, is_capacity_error
@@ -43,6 +45,8 @@ __all__ = [
     "NetworkOnBackend",
     "NetworkState",
     "NetworkStore",
+    "NodeFault",
+    "NodeRow",
     "PruneResult",
     "Request",
     "RequestNotHeldError",
@@ -60,7 +64,9 @@ __all__ = [
     "instance_status_after",
     "is_backend_error",
     "is_capacity_error",
+    "is_node_error",
     "new_request_id",
+    "node_fault",
     "normalize_url",
     "record_observed",
     "request_tag",

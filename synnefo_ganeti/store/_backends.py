@@ -1,4 +1,5 @@
-"""Backends in the database: their ids (cached), drain marks, health and backend events.
+"""Backends in the database: their ids (cached), drain marks, health, backend events, and their
+nodes as the dispatcher last read them (``backend_nodes``: up, down or offline, since when, why).
 
 :class:`Backends` keeps the name <-> id map every other repository uses; functions
 taking a ``Connection`` run inside a writer transaction.
@@ -7,24 +8,49 @@ taking a ``Connection`` run inside a writer transaction.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, delete, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synnefo_ganeti.store._engine import Database
-from synnefo_ganeti.store._schema import Backend, BackendEvent
+from synnefo_ganeti.store._schema import Backend, BackendEvent, BackendNode
 from synnefo_ganeti.store._writer import Writer
 
-__all__ = ["Backends", "add_backend_event", "backend_events_t", "backends_t", "set_health"]
+__all__ = [
+    "Backends",
+    "NodeRow",
+    "add_backend_event",
+    "backend_events_t",
+    "backend_nodes_t",
+    "backends_t",
+    "set_health",
+    "store_nodes",
+]
 
 backends_t = cast(Table, Backend.__table__)
 backend_events_t = cast(Table, BackendEvent.__table__)
+backend_nodes_t = cast(Table, BackendNode.__table__)
+
+#: the states of ``backend_nodes.state``
+NODE_ROW_STATES = ("up", "down", "offline")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    """A node of a backend as the dispatcher read it: ``state`` "up", "down" or "offline";
+    ``since`` when it entered that state (None: now, or kept when the row has that state
+    already); ``detail`` the first sign of a node not up."""
+
+    state: str
+    since: datetime | None = None
+    detail: str | None = None
 
 
 class Backends:
@@ -129,6 +155,47 @@ class Backends:
 
         return await self.db.read(run)
 
+    # -- nodes ---------------------------------------------------------------------------------------
+
+    async def set_nodes(
+        self, name: str, nodes: Mapping[str, NodeRow], *, complete: bool = False
+    ) -> dict[str, str]:
+        """Write the state of these nodes of backend ``name`` (``complete``: every node it has;
+        the rows of the others go); the nodes whose state changed, with their new state (a node
+        new in the table only when it is not up). Each change is a backend event."""
+        for row in nodes.values():
+            if row.state not in NODE_ROW_STATES:
+                raise ValueError(f"node state {row.state!r} is not one of {', '.join(NODE_ROW_STATES)}")
+        backend_id = await self.ensure(name)
+        snapshot = dict(nodes)
+        return await self.writer.call(lambda conn: store_nodes(conn, backend_id, snapshot, complete=complete))
+
+    async def nodes(self, name: str | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Per backend (or only ``name``), its nodes by name: name, state, since, seen_at, detail."""
+
+        async def run(conn: AsyncConnection) -> dict[str, list[dict[str, Any]]]:
+            query = (
+                select(
+                    backends_t.c.name.label("backend"),
+                    backend_nodes_t.c.name,
+                    backend_nodes_t.c.state,
+                    backend_nodes_t.c.since,
+                    backend_nodes_t.c.seen_at,
+                    backend_nodes_t.c.detail,
+                )
+                .join(backends_t, backends_t.c.id == backend_nodes_t.c.backend_id)
+                .order_by(backends_t.c.name, backend_nodes_t.c.name)
+            )
+            if name is not None:
+                query = query.where(backends_t.c.name == name)
+            out: dict[str, list[dict[str, Any]]] = {}
+            for row in await conn.execute(query):
+                values = dict(row._mapping)
+                out.setdefault(values.pop("backend"), []).append(values)
+            return out
+
+        return await self.db.read(run)
+
     async def events(self, *, backend: str | None, limit: int) -> list[dict[str, Any]]:
         async def run(conn: AsyncConnection) -> list[dict[str, Any]]:
             query = (
@@ -178,3 +245,68 @@ def set_health(conn: Connection, backend_id: int, up: bool, detail: str | None, 
     )
     if event is not None:
         add_backend_event(conn, backend_id, "up" if up else "down", event)
+
+
+def store_nodes(
+    conn: Connection,
+    backend_id: int,
+    nodes: Mapping[str, NodeRow],
+    *,
+    complete: bool = False,
+    now: datetime | None = None,
+) -> dict[str, str]:
+    """Inside a write transaction: upsert the ``backend_nodes`` rows of ``nodes`` (``seen_at``
+    now; ``since`` kept while the state stays); ``complete``: delete the backend's other rows.
+    Each change of state is a backend event ("node-down", "node-offline", "node-up"). Returns
+    the nodes whose state changed and their new state (a node new in the table when not up)."""
+    now = now or datetime.now(UTC)
+    rows = {
+        row.name: row
+        for row in conn.execute(
+            select(backend_nodes_t.c.name, backend_nodes_t.c.state).where(
+                backend_nodes_t.c.backend_id == backend_id
+            )
+        )
+    }
+    changed: dict[str, str] = {}
+    for name, node in nodes.items():
+        old = rows.get(name)
+        if old is not None and old.state == node.state:  # confirmed: since and the first sign stay
+            conn.execute(
+                update(backend_nodes_t)
+                .where(backend_nodes_t.c.backend_id == backend_id, backend_nodes_t.c.name == name)
+                .values(seen_at=now)
+            )
+            continue
+        since = node.since or now
+        detail = None if node.state == "up" else node.detail
+        if old is None:
+            conn.execute(
+                insert(backend_nodes_t).values(
+                    backend_id=backend_id,
+                    name=name,
+                    state=node.state,
+                    since=since,
+                    seen_at=now,
+                    detail=detail,
+                )
+            )
+        else:
+            conn.execute(
+                update(backend_nodes_t)
+                .where(backend_nodes_t.c.backend_id == backend_id, backend_nodes_t.c.name == name)
+                .values(state=node.state, since=since, seen_at=now, detail=detail)
+            )
+        if old is not None or node.state != "up":
+            changed[name] = node.state
+            why = f": {node.detail}" if node.detail else ""
+            add_backend_event(conn, backend_id, f"node-{node.state}", f"node {name} is {node.state}{why}")
+    if complete:
+        gone = set(rows) - set(nodes)
+        if gone:
+            conn.execute(
+                delete(backend_nodes_t).where(
+                    backend_nodes_t.c.backend_id == backend_id, backend_nodes_t.c.name.in_(sorted(gone))
+                )
+            )
+    return changed

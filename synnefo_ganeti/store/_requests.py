@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -81,6 +81,10 @@ class Request:
     ``placed`` (pending with a backend) means a create may have reached Ganeti.
     ``instance_id`` is the id of the instance row it placed (its own, even after the name
     is reused by another instance); None while not placed.
+    ``attempt_errors``: every create of it that failed in Ganeti, oldest first, each
+    ``{"attempt", "backend", "node", "job_id", "error", "at"}`` (``attempt``: the placement it
+    was, as counted in ``attempts``; ``node``: the node its error names, or None; ``at``: ISO
+    time): kept when it is placed again, and when it finally fails.
     """
 
     id: str
@@ -100,6 +104,7 @@ class Request:
     submitted_at: datetime | None
     finished_at: datetime | None
     instance_id: str | None = None
+    attempt_errors: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def is_final(self) -> bool:
@@ -119,6 +124,7 @@ class Request:
         "error",
         "want_backend",
         "attempts",
+        "attempt_errors",
         "claimed_by",
         "cancel_requested",
         "created_at",
@@ -152,6 +158,7 @@ class Request:
             submitted_at=row.submitted_at,
             finished_at=row.finished_at,
             instance_id=row.instance_uuid,
+            attempt_errors=list(row.attempt_errors or ()),
         )
 
 

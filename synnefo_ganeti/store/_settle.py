@@ -2,8 +2,10 @@
 
 The create job's end, stored by the watcher or the reconciler, ends the submitted
 request with it: succeeded, failed or canceled; a create that failed for a reason of its
-backend (no room, the OS missing there, the instance policy) goes back to be placed again
-(up to :data:`MAX_ATTEMPTS` placements).
+backend (no room, the OS missing there, the instance policy) or of its node (down, offline, drained:
+:mod:`._node_errors`) goes back to be placed again. Every failed create is kept in the request's
+``attempt_errors``; the dispatcher fails a request once ``[dispatcher] max_attempts`` creates of
+it failed (it knows the setting; this transaction may run in any process).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select, update
 
 from synnefo_ganeti.jobs import JobStatus, JobSummary
-from synnefo_ganeti.store._requests import RequestStatus, requests_t
+from synnefo_ganeti.store._node_errors import is_node_error, named_node
+from synnefo_ganeti.store._requests import RequestStatus, backends_t, requests_t
 
 __all__ = [
-    "MAX_ATTEMPTS",
+    "attempt_error",
     "is_backend_error",
     "is_capacity_error",
     "settle_by_instance",
@@ -29,7 +32,9 @@ __all__ = [
 
 #: the submitted requests of some create jobs of a backend (built once: read for every batch
 #: of job ends)
-_SUBMITTED = select(requests_t.c.id, requests_t.c.job_id, requests_t.c.attempts).where(
+_SUBMITTED = select(
+    requests_t.c.id, requests_t.c.job_id, requests_t.c.attempts, requests_t.c.attempt_errors
+).where(
     requests_t.c.backend_id == bindparam("b_backend"),
     requests_t.c.job_id.in_(bindparam("b_jobs", expanding=True)),
     requests_t.c.status == RequestStatus.SUBMITTED.value,
@@ -45,14 +50,28 @@ def settle_requests(
         return 0
     rows = conn.execute(_SUBMITTED, {"b_backend": backend_id, "b_jobs": list(by_job)}).all()
     ended: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    backend: list[str] = []  # its name, read once when a create failed
     for row in rows:
         summary = by_job[row.job_id]
         status, error = _outcome(summary)
-        if status is RequestStatus.FAILED and is_backend_error(error) and row.attempts < MAX_ATTEMPTS:
+        if status is not RequestStatus.FAILED:
+            ended.append({"b_id": row.id, "b_status": status.value, "b_error": error, "b_now": now})
+            continue
+        if not backend:
+            backend.append(conn.execute(_BACKEND_NAME, {"b_backend": backend_id}).scalar_one())
+        attempts = [*(row.attempt_errors or ()), attempt_error(row, backend[0], error, now)]
+        node = is_node_error(error)
+        if is_backend_error(error) or node is not None:
             # The backend had no room after all (its node stats were older than the
-            # creates that filled it), or lacks the OS, or its policy refused the spec:
-            # the request goes back to be placed again (the dispatcher avoids that backend).
-            why = "found no room" if is_capacity_error(error) else "was refused by its backend"
+            # creates that filled it), or lacks the OS, or its policy refused the spec: the
+            # request goes back to be placed again (the dispatcher avoids that backend). Or
+            # its node is down, offline or drained, and Ganeti made no instance: placed
+            # again (the dispatcher took that node out of placement when this job ended).
+            if node is not None:
+                why = f"failed on node {node}"
+            else:
+                why = "found no room" if is_capacity_error(error) else "was refused by its backend"
             conn.execute(
                 update(requests_t)
                 .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
@@ -64,14 +83,33 @@ def settle_requests(
                     claimed_at=None,
                     submitted_at=None,
                     error=f"job {row.job_id} {why} ({error}); placing it again",
+                    attempt_errors=attempts,
                     updated_at=now,
                 )
             )
             continue
-        ended.append({"b_id": row.id, "b_status": status.value, "b_error": error, "b_now": now})
+        failed.append({"b_id": row.id, "b_error": error, "b_now": now, "b_attempts": attempts})
     if ended:
         conn.execute(_ENDED, ended)
+    if failed:
+        conn.execute(_FAILED, failed)
     return len(rows)
+
+
+_BACKEND_NAME = select(backends_t.c.name).where(backends_t.c.id == bindparam("b_backend"))
+
+
+def attempt_error(row: Any, backend: str, error: str | None, now: datetime) -> dict[str, Any]:
+    """One failed attempt of a request, as ``requests.attempt_errors`` keeps it: ``row`` has the
+    request's ``attempts`` (placements so far: this one's number) and the create's ``job_id``."""
+    return {
+        "attempt": int(row.attempts or 0),
+        "backend": backend,
+        "node": named_node(error),
+        "job_id": row.job_id,
+        "error": error,
+        "at": now.isoformat(),
+    }
 
 
 # (many at once: a burst's job ends arrive together)
@@ -81,6 +119,20 @@ _ENDED = (
     .values(
         status=bindparam("b_status"),
         error=bindparam("b_error"),
+        finished_at=bindparam("b_now"),
+        updated_at=bindparam("b_now"),
+    )
+)
+
+
+# a failed create's request: its error and every failed attempt (many at once, as above)
+_FAILED = (
+    update(requests_t)
+    .where(requests_t.c.id == bindparam("b_id"), requests_t.c.status == RequestStatus.SUBMITTED.value)
+    .values(
+        status=RequestStatus.FAILED.value,
+        error=bindparam("b_error"),
+        attempt_errors=bindparam("b_attempts", type_=requests_t.c.attempt_errors.type),
         finished_at=bindparam("b_now"),
         updated_at=bindparam("b_now"),
     )
@@ -115,10 +167,6 @@ def settle_job(
         .values(status=status.value, error=error, finished_at=now, updated_at=now)
     )
 
-
-#: placements of one request at most: a create that fails for lack of room is placed again
-#: (elsewhere if need be) until this many attempts were made
-MAX_ATTEMPTS = 5
 
 _CAPACITY_ERRORS = (
     "not enough memory",

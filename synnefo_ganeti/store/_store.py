@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from synnefo_ganeti.jobs import JobFile, JobStatus
 from synnefo_ganeti.store import _recorded
-from synnefo_ganeti.store._backends import Backends
+from synnefo_ganeti.store._backends import Backends, NodeRow
 from synnefo_ganeti.store._changes import Change, Changes
 from synnefo_ganeti.store._engine import Database, upgrade_database
 from synnefo_ganeti.store._events import Events
@@ -305,6 +305,19 @@ class Store(RequestMethods):
     async def backend_events(self, *, backend: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """The newest backend events first: backend, kind, message, at."""
         return await self._backends.events(backend=backend, limit=limit)
+
+    async def set_backend_nodes(
+        self, name: str, nodes: Mapping[str, NodeRow], *, complete: bool = False
+    ) -> dict[str, str]:
+        """Store nodes of backend ``name`` as the dispatcher read them (``backend_nodes``: up, down or
+        offline, since, seen_at, the first sign); ``complete``: every node it has. The nodes whose
+        state changed, with their new state (each change a backend event)."""
+        return await self._backends.set_nodes(name, nodes, complete=complete)
+
+    async def backend_nodes(self, name: str | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Per backend (or ``name`` only), its nodes as the dispatcher last stored them: name,
+        state ("up", "down", "offline"), since, seen_at, detail (why it is not up)."""
+        return await self._backends.nodes(name)
 
     # -- instances -----------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ ROOT_TASKS: dict[str, tuple[type[Any], str]] = {
     "dispatch follow jobs": (RecordedJobs, "run"),
     "dispatch observer": (Observer, "run"),
     "dispatch health": (Dispatcher, "_health_loop"),
+    "dispatch nodes": (Dispatcher, "_nodes_loop"),
     "dispatch liveness lock": (Dispatcher, "_lock_loop"),  # PostgreSQL only
     "dispatch watchdog": (Dispatcher, "_watchdog_loop"),
     "dispatch webhook": (WebhookDeliverer, "run"),  # [notify] url set

@@ -1,0 +1,171 @@
+"""Nodes down or offline: out of placement within one health interval of the first sign.
+
+Design. A node that dies hard stays in Ganeti's node list; only its live figures go (``null``
+in ``/2/nodes?bulk=1``, recorded on Ganeti 3.0), and creates placed there fail naming it. The
+whole node stats (nodes, ``/2/info``, the OS list) are read every ``stats_interval`` (30 s):
+too seldom to notice. So this mixin adds three signs, each acted on at once in the allocator
+(:meth:`~synnefo_ganeti.allocate.Allocator.nodes_seen`,
+:meth:`~synnefo_ganeti.allocate.Allocator.node_failed`; pure, see ``allocate/_liveness.py``):
+
+* its root task ``dispatch nodes`` reads every healthy backend's nodes (``/2/nodes?bulk=1``
+  alone: on a healthy cluster a tenth of a second; 5 s while a node is dead, Ganeti's RPC
+  timeout) every ``health_interval``: a node without its memory figures is down, one marked
+  offline is offline, one with its figures again is back (the whole stats are read then);
+* the whole stats read tells the same (:meth:`_nodes_read`);
+* a job of any kind that ends with an error naming a node (an RPC to it failed, Ganeti refused
+  it as offline: :func:`~synnefo_ganeti.store.node_fault`) marks it at once, from the writer's
+  ``on_commit`` (:meth:`_note_node_faults`, which never blocks; the submitter calls it). A node
+  refused as drained or not vm_capable is left out of node choice until the next stats, which
+  say so themselves.
+
+What the allocator decides is written for the other processes (and ``backends show``) by the
+same root task: each backend's nodes in ``backend_nodes`` (state, since, the first sign) after
+every change and at least every ``stats_interval``; and each node that goes down, offline or
+up again in ``Store.set_node_state`` (its instances marked, a change in the feed) when its row
+in ``backend_nodes`` changed state (so two dispatchers mark it once, and a restart finds what
+changed meanwhile). A sign is written within moments (the task wakes for it), a read's changes
+right after the read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+
+from synnefo_ganeti.allocate import NodeChange, NodeState
+from synnefo_ganeti.dispatch._base import DispatcherBase
+from synnefo_ganeti.errors import GanetiError
+from synnefo_ganeti.jobs import JobSummary
+from synnefo_ganeti.rapi import Node
+from synnefo_ganeti.store import NodeFault, NodeRow, node_fault
+
+__all__ = ["NODES_TASK", "NodeWatch"]
+
+log = logging.getLogger("synnefo_ganeti.dispatch")
+
+#: the name of the node reader's root task
+NODES_TASK = "dispatch nodes"
+
+
+class NodeWatch(DispatcherBase):
+    """Reads of the nodes, signs from failed jobs, and what they change (see the module)."""
+
+    # -- signs -------------------------------------------------------------------------------------
+
+    def _note_node_faults(self, backend: str, summary: JobSummary) -> NodeFault | None:
+        """A final job of ``backend`` ended: the first node its errors blame, marked in the
+        allocator now and written soon (never blocks: called in the writer's ``on_commit``)."""
+        first: NodeFault | None = None
+        for op in summary.ops:
+            fault = node_fault(op.error)
+            if fault is None or backend not in self._backends:
+                continue
+            first = first or fault
+            if fault.kind == "drained" or fault.kind == "unusable":
+                self.allocator.node_refused(backend, fault.node)
+                continue
+            change = self.allocator.node_failed(
+                backend, fault.node, fault.kind, f"job {summary.job_id}: {op.error}"
+            )
+            if change is not None:
+                self._node_changed(change)
+                self._node_signs.setdefault(backend, set()).add(fault.node)
+                self._node_wake.set()
+        return first
+
+    def _node_changed(self, change: NodeChange) -> None:
+        if change.state is None:
+            log.warning("backend %s: node %s is up again (%s)", change.backend, change.node, change.detail)
+            self._wake.set()  # requests waiting for room may fit now
+        else:
+            log.error(
+                "backend %s: node %s is %s, out of placement: %s",
+                change.backend,
+                change.node,
+                change.state,
+                change.detail,
+            )
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    async def _nodes_loop(self) -> None:
+        """Read every healthy backend's nodes each ``health_interval``; write the signs that came
+        meanwhile as they come."""
+        options = self.settings.dispatcher
+        next_read = 0.0
+        while True:
+            if time.monotonic() >= next_read:
+                next_read = time.monotonic() + options.health_interval
+                up = [n for n in self._backends if self.health is None or self.health.tracker.is_up(n)]
+                await asyncio.gather(*(self._read_nodes(name) for name in up))
+            self._node_wake.clear()
+            await self._write_signs()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, next_read - time.monotonic())):
+                    await self._node_wake.wait()
+
+    async def _read_nodes(self, name: str) -> None:
+        """One read of ``name``'s nodes (``/2/nodes?bulk=1``), bounded; nothing learned on failure."""
+        options = self.settings.dispatcher
+        timeout = max(options.health_interval, 2 * options.health_timeout)
+        read_at = time.monotonic()
+        try:
+            client = await self.client(name)
+            async with asyncio.timeout(timeout):
+                nodes = await client.list_nodes()
+        except TimeoutError:
+            log.info("backend %s: nodes not read within %g s", name, timeout)
+            return
+        except (GanetiError, OSError) as exc:
+            log.info("backend %s: nodes not read (%s)", name, exc)
+            return
+        await self._nodes_read(name, nodes, read_at, self.allocator.nodes_seen(name, nodes, read_at=read_at))
+
+    async def _nodes_read(
+        self, name: str, nodes: list[Node], read_at: float, changes: list[NodeChange]
+    ) -> None:
+        """After a read of every node of ``name`` begun at ``read_at`` gave ``changes`` (the
+        allocator's :meth:`~synnefo_ganeti.allocate.Allocator.nodes_seen`): logged, and the
+        backend's nodes written when something changed or the last write is old."""
+        for change in changes:
+            self._node_changed(change)
+        if name not in self._backends:
+            return
+        last = self._nodes_written.get(name)
+        if changes or last is None or read_at - last >= self.settings.dispatcher.stats_interval:
+            rows = {node.name: self._node_row(name, node.name) for node in nodes}
+            if await self._store_nodes(name, rows, complete=True):
+                self._nodes_written[name] = read_at
+
+    # -- writes ------------------------------------------------------------------------------------
+
+    def _node_row(self, backend: str, node: str) -> NodeRow:
+        state: NodeState | None = self.allocator.node_states(backend).get(node)
+        if state is None:
+            return NodeRow("up")
+        return NodeRow(state.state, datetime.fromtimestamp(state.since, UTC), state.detail)
+
+    async def _write_signs(self) -> None:
+        signs, self._node_signs = self._node_signs, {}
+        for backend, nodes in signs.items():
+            if backend in self._backends:
+                await self._store_nodes(backend, {node: self._node_row(backend, node) for node in nodes})
+
+    async def _store_nodes(self, backend: str, rows: dict[str, NodeRow], *, complete: bool = False) -> bool:
+        """Write ``rows`` to ``backend_nodes``; mark the instances of each node whose row changed
+        state. False when the database could not (the next read or sign writes them)."""
+        try:
+            changed = await self.store.set_backend_nodes(backend, rows, complete=complete)
+            for node, state in changed.items():
+                row = rows[node]
+                await self.store.set_node_state(
+                    backend, node, None if state == "up" else state, detail=row.detail
+                )
+        except GanetiError as exc:
+            log.warning("backend %s: node states not stored (%s); stored at the next read", backend, exc)
+            self._nodes_written.pop(backend, None)
+            return False
+        return True
