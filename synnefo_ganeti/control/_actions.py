@@ -17,6 +17,14 @@ Deletes follow what Synnefo expects:
   ends DESTROYED without a job: :func:`delete` returns None;
 * a remove job that fails because Ganeti has no such instance ends it DESTROYED
   (``store/_instances.py``, applying the job's end).
+
+Never what is not ours: an instance the store holds as not owned (the reconciler marks a
+row whose instance in Ganeti lacks the ownership marks of ``[ownership]``:
+``reconcile/_marks.py``) is refused every action with a :class:`ConflictError` naming it
+and why, before anything is reserved or sent to Ganeti. Its delete too, except for an ERROR
+row (a create that failed, often because an operator's VM holds the name): that one ends
+DESTROYED without a job, Ganeti's instance left alone; as does an ERROR row whose name
+Ganeti gives an instance lacking the marks (``owns``, asked before any remove is sent).
 """
 
 from __future__ import annotations
@@ -28,12 +36,13 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from synnefo_ganeti.errors import RapiError, RapiNotFoundError
+from synnefo_ganeti.errors import ConflictError, RapiError, RapiNotFoundError
 from synnefo_ganeti.rapi import RapiClient
-from synnefo_ganeti.store import InstanceAction, InstanceStatus, Store
+from synnefo_ganeti.store import InstanceAction, InstanceStatus, Store, StoredInstance
+from synnefo_ganeti.store._instances import get_instance_row
 from synnefo_ganeti.store._tasks import Reservation, destroy_missing, release_task, reserve_task
 
-__all__ = ["delete", "run_action", "submit_refused"]
+__all__ = ["delete", "refuse_not_owned", "run_action", "submit_refused"]
 
 log = logging.getLogger("synnefo_ganeti.control")
 
@@ -42,6 +51,24 @@ Submit = Callable[[RapiClient], Awaitable[int]]
 
 Precheck = Callable[[Connection], None]
 
+#: ``owns(name, tags)``: whether an instance of Ganeti carries the ownership marks
+Owns = Callable[[str, list[str]], bool]
+
+
+def refuse_not_owned(instance: StoredInstance, action: InstanceAction) -> None:
+    """:class:`ConflictError` for an action on an instance the store holds as not ours (the
+    delete of an ERROR one excepted: it ends DESTROYED without a job, see :func:`delete`)."""
+    if instance.owned or instance.status is InstanceStatus.DESTROYED:
+        return
+    if action is InstanceAction.REMOVE and instance.status is InstanceStatus.ERROR:
+        return
+    raise ConflictError(
+        f"instance {instance.name} of backend {instance.backend} is not this control plane's: "
+        "Ganeti's instance of that name lacks the ownership marks of [ownership] (the reconciler "
+        f"reported it not_owned); no {action.value} is sent to Ganeti for it. An operator's VM is "
+        "theirs to manage; delete an ERROR row of that name to forget it"
+    )
+
 
 async def _reserve(
     store: Store, backend: str, name: str, action: InstanceAction, precheck: Precheck | None = None
@@ -49,6 +76,7 @@ async def _reserve(
     backend_id = await store.ensure_backend(backend)
 
     def reserve(conn: Connection) -> Reservation:
+        refuse_not_owned(get_instance_row(conn, backend_id, backend, name), action)
         if precheck is not None:
             precheck(conn)  # in the reservation's transaction: a rename's new name free (store/_names.py)
         return reserve_task(conn, backend_id, backend, name, action)
@@ -109,22 +137,37 @@ async def run_action(
     return await _submit_reserved(store, client, backend, name, action, call, params, start)
 
 
-async def delete(store: Store, client: RapiClient, backend: str, name: str) -> int | None:
-    """Remove instance ``name``: the remove's job id, or None when nothing was left to remove."""
+async def _destroy_without_job(store: Store, backend: str, name: str, why: str) -> None:
+    backend_id = await store.ensure_backend(backend)
+    await store.call(lambda conn: destroy_missing(conn, backend_id, backend, name))
+    log.info("delete of %s on %s: ERROR and %s: DESTROYED without a job", name, backend, why)
+
+
+async def delete(
+    store: Store, client: RapiClient, backend: str, name: str, *, owns: Owns | None = None
+) -> int | None:
+    """Remove instance ``name``: the remove's job id, or None when nothing was left to remove.
+
+    ``owns``: an ERROR instance whose name Ganeti gives an instance lacking the ownership marks
+    is not removed from Ganeti (it is not ours): it ends DESTROYED without a job."""
     reservation = await _reserve(store, backend, name, InstanceAction.REMOVE)
     if reservation.job_id is not None:
         return reservation.job_id
     if reservation.instance.status is InstanceStatus.ERROR:
+        if not reservation.instance.owned:
+            await _destroy_without_job(store, backend, name, "Ganeti's instance of that name is not ours")
+            return None
         try:
-            await client.get_instance(name)
+            found = await client.get_instance(name)
         except RapiNotFoundError:
-            backend_id = await store.ensure_backend(backend)
-            await store.call(lambda conn: destroy_missing(conn, backend_id, backend, name))
-            log.info("delete of %s on %s: ERROR and not in Ganeti: DESTROYED without a job", name, backend)
+            await _destroy_without_job(store, backend, name, "not in Ganeti")
             return None
         except BaseException as exc:
             await _release(store, backend, name, InstanceAction.REMOVE, exc)
             raise
+        if owns is not None and not owns(name, found.tags):
+            await _destroy_without_job(store, backend, name, "Ganeti's instance of that name lacks our marks")
+            return None
     return await _submit_reserved(
         store, client, backend, name, InstanceAction.REMOVE, lambda c: c.delete_instance(name), None
     )

@@ -221,7 +221,9 @@ class ControlPlane(
                 return settled
         if instance is None:
             return await self._submit(backend, name, InstanceAction.REMOVE, lambda c: c.delete_instance(name))
-        return await delete(self.store, await self.client(backend), backend, name)
+        ownership = self.settings.ownership  # (no mark configured: nothing is told "not ours")
+        owns = ownership.owns if ownership.prefix is not None or ownership.tag is not None else None
+        return await delete(self.store, await self.client(backend), backend, name, owns=owns)
 
     async def _settle_build(self, instance: StoredInstance, *, timeout: float | None) -> int | None:
         """Cancel or wait out a BUILD instance's create; its job id if nothing is left to remove."""

@@ -11,7 +11,9 @@ validating 100,000 models (7 µs each) cost more than decoding the answers.
 
 The database: one Core select per backend of the columns :func:`~._plan.plan` and
 :func:`~._observe.observed_changes` compare (:class:`SnapshotRow`), JSON columns decoded
-with orjson; ``updated_at`` only for rows in BUILD (the only ones whose age counts).
+with orjson; ``updated_at`` only for rows in BUILD (the only ones whose age counts). The
+few rows whose node is not up (``node_state``) are read apart (:func:`marked_rows`, by a
+partial index): a row's tuple stays the same, and such a row never settles by its cells.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti.rapi import RapiClient
 from synnefo_ganeti.store import InstanceStatus, Store
 from synnefo_ganeti.store._instances import backends_t, instances_t
+from synnefo_ganeti.store._node_state import GANETI_NODE_STATES
 
 if TYPE_CHECKING:
     from synnefo_ganeti.reconcile._observe import RowView
@@ -43,6 +46,7 @@ __all__ = [
     "live_rows",
     "live_rows_plain",
     "live_rows_raw",
+    "marked_rows",
     "query_instances",
     "read_db",
     "read_rows",
@@ -182,6 +186,8 @@ class QueriedInstance:
             return False
         if row.os != v[I_OS] or row.pnode != v[I_PNODE]:
             return False
+        if row.node_state is not None or v[I_STATUS] in GANETI_NODE_STATES:
+            return False  # a node not up: a node_down drift, or the row's mark to clear
         if row.memory != v[I_BE] or row.vcpus != v[I_BE + 2]:  # maxmem, vcpus
             return False
         for key, want in (row.beparams or {}).items():
@@ -241,6 +247,7 @@ class SnapshotRow:
         "memory",
         "name",
         "nics",
+        "node_state",
         "os",
         "owned",
         "pnode",
@@ -266,11 +273,12 @@ class SnapshotRow:
         memory: int | None,
         vcpus: int | None,
         pnode: str | None,
+        node_state: str | None = None,
     ) -> None:
         self.backend, self.name, self.status, self.owned = backend, name, status, owned
         self.create_job_id, self.updated_at, self.os, self.beparams = create_job_id, updated_at, os, beparams
         self.nics, self.disks, self.tags = nics, disks, tags
-        self.memory, self.vcpus, self.pnode = memory, vcpus, pnode
+        self.memory, self.vcpus, self.pnode, self.node_state = memory, vcpus, pnode, node_state
 
     def __repr__(self) -> str:
         return f"<SnapshotRow {self.backend}/{self.name} {self.status}>"
@@ -323,7 +331,7 @@ def read_rows(
     """
     rows: dict[str, SnapshotRow] = {}
     if live:
-        rows = snapshot_rows(backend, live_rows(conn, backend))
+        rows = snapshot_rows(backend, live_rows(conn, backend), marked_rows(conn, backend))
     if destroyed is False or (destroyed is not True and not destroyed):
         return rows
     query = select(*_COLUMNS).where(
@@ -349,6 +357,18 @@ def live_rows_raw(conn: Connection, backend: str) -> Iterable[Any]:
 
 def _live_select(backend: str) -> Any:
     return select(*_COLUMNS).where(_c.backend_id == _backend_id(backend), _LIVE)
+
+
+#: the partial index ``ix_instances_node_state``'s own condition, written as it is (migration 0010)
+_MARKED = text("node_state IS NOT NULL")
+
+
+def marked_rows(conn: Connection, backend: str) -> dict[str, str]:
+    """The backend's live rows whose node is not up: name -> ``node_state`` ("down", "offline").
+
+    Few rows, read by their partial index; every other row's ``node_state`` is None."""
+    query = select(_c.name, _c.node_state).where(_c.backend_id == _backend_id(backend), _MARKED, _LIVE)
+    return {row.name: row.node_state for row in conn.execute(query)}
 
 
 def live_rows_plain(
@@ -412,18 +432,22 @@ def decoded_row(row: Sequence[Any]) -> tuple[Any, ...]:
     return (name, status, owned, job, updated, os_, be, nics, disks, tags, memory, vcpus, pnode)
 
 
-def snapshot_row(backend: str, row: tuple[Any, ...]) -> SnapshotRow:
-    """The :class:`SnapshotRow` of one of :func:`live_rows`' tuples."""
+def snapshot_row(backend: str, row: tuple[Any, ...], node_state: str | None = None) -> SnapshotRow:
+    """The :class:`SnapshotRow` of one of :func:`live_rows`' tuples (``node_state``: its
+    :func:`marked_rows` value)."""
     name, status, owned, job, updated, os_, be, nics, disks, tags, memory, vcpus, pnode = row
     return SnapshotRow(
         backend, name, _STATUS[status], bool(owned), job, updated, os_, be, nics, disks, tags, memory, vcpus,
-        pnode,
+        pnode, node_state,
     )  # fmt: skip
 
 
-def snapshot_rows(backend: str, rows: Mapping[str, tuple[Any, ...]]) -> dict[str, SnapshotRow]:
+def snapshot_rows(
+    backend: str, rows: Mapping[str, tuple[Any, ...]], marked: Mapping[str, str] | None = None
+) -> dict[str, SnapshotRow]:
+    get = (marked or {}).get
     with gc_paused():
-        return {name: snapshot_row(backend, row) for name, row in rows.items()}
+        return {name: snapshot_row(backend, row, get(name)) for name, row in rows.items()}
 
 
 async def read_db(

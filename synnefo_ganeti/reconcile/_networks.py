@@ -19,7 +19,11 @@ three for one backend (what the reconciler calls). The kinds:
 * ``network_pending``: the backend's row is pending, error or deleting and has not moved
   for ``grace`` seconds: a create or delete that did not finish (a caller killed
   midway, a job that failed). Fix: finish it: make the network (add, connect) or
-  remove it, as the row says.
+  remove it, as the row says. A network whose delete began (``deleting``, the network's
+  own status or its backend's) is only ever a delete to finish, whatever its backend's
+  row says and whether Ganeti still has it: never ``network_stale`` nor
+  ``network_not_connected``, so that no fix makes again what is being deleted (Synnefo's
+  ``NetworkReconciliationTest.test_stale_network``); its delete finished, its name is free.
 * ``address_unused``: an address Ganeti's pool holds for an instance (reserved, not
   externally) that no stored instance's NIC on that network has. No fix through RAPI
   (Ganeti releases an instance's address only with the instance): delete the instance
@@ -217,20 +221,24 @@ def plan_networks(snapshot: NetworkSnapshot, *, grace: float = NETWORK_GRACE) ->
         if on is None:
             continue
         net = snapshot.ganeti.get(name)
-        if on.state is not NetworkState.ACTIVE:
-            if snapshot.taken_at - on.updated_at.timestamp() >= grace:
-                doing = (
-                    "delete"
-                    if on.state is NetworkState.DELETING or stored.status is NetworkState.DELETING
-                    else "create"
-                )
+        deleting = on.state is NetworkState.DELETING or stored.status is NetworkState.DELETING
+        if on.state is not NetworkState.ACTIVE or deleting:
+            # (a delete begins with the network's status: the backend's row may still say active,
+            # since before the delete began)
+            since = (
+                on.updated_at
+                if on.state is not NetworkState.ACTIVE
+                else max(on.updated_at, stored.updated_at)
+            )
+            if snapshot.taken_at - since.timestamp() >= grace:
+                doing = "delete" if deleting else "create"
                 why = f": {on.error}" if on.error else ""
                 drifts.append(
                     NetworkDrift(
                         NetworkDriftKind.PENDING,
                         backend,
                         name,
-                        f"network {name}: its {doing} is {on.state} since {on.updated_at:%Y-%m-%d %H:%M:%S} UTC "
+                        f"network {name}: its {doing} is {on.state} since {since:%Y-%m-%d %H:%M:%S} UTC "
                         f"(last job {on.job_id}){why}",
                         values={"do": doing},
                     )
@@ -328,6 +336,8 @@ async def _fix(
             await store.remove(name)
     elif kind in (NetworkDriftKind.PENDING, NetworkDriftKind.STALE, NetworkDriftKind.NOT_CONNECTED):
         assert stored is not None
+        if stored.status is NetworkState.DELETING:  # (plan_networks never asks it: a delete wins)
+            raise GanetiError(f"network {name} is being deleted: it is not made again")
         on = stored.on(backend)
         groups = on.want_groups if on is not None else None
         await make_on_backend(client, store, stored, backend, groups, timeout=timeout)

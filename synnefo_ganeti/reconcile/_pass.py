@@ -12,7 +12,10 @@ where the row does not say); an item of Ganeti's answer equal to them, compared 
 (:func:`settle`), is settled without being converted, modelled or planned. The others go
 through :func:`~._plan.plan` as before. ``expected == cells`` implies
 ``QueriedInstance.settles(row)``: tests/unit/test_reconcile_pass.py checks it both ways on
-rows and answers that differ in each field.
+rows and answers that differ in each field. A row whose node is not up (``node_state``,
+read apart: :func:`~._fetch.marked_rows`) never settles by its cells, and Ganeti's status
+cell is expected as it is for a STARTED or STOPPED instance on a node that is up, so that
+an instance Ganeti reads ``ERROR_nodedown`` never does either.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from synnefo_ganeti.reconcile._fetch import (
     SnapshotRow,
     decoded_row,
     live_rows_plain,
+    marked_rows,
     read_db,
     read_rows,
     snapshot_row,
@@ -78,11 +82,11 @@ class _Any:
 
 ANY: Final = _Any()
 
-#: admin_state and oper_state of a settled STARTED / STOPPED row (the usual pair; an instance
-#: running on an offline node, oper_state unknown, goes the long way)
+#: admin_state, oper_state and status of a settled STARTED / STOPPED row (the usual three; an
+#: instance running on an offline node, oper_state unknown, goes the long way)
 _STATES: Final = {
-    InstanceStatus.STARTED.value: ([0, "up"], [0, True]),
-    InstanceStatus.STOPPED.value: ([0, "down"], [0, False]),
+    InstanceStatus.STARTED.value: ([0, "up"], [0, True], [0, "running"]),
+    InstanceStatus.STOPPED.value: ([0, "down"], [0, False], [0, "ADMIN_down"]),
 }
 _NIC_KEYS: Final = frozenset(("mac", "ip", "network", "mode", "link"))
 _DISK_KEYS: Final = frozenset(("size", "uuid"))
@@ -116,7 +120,7 @@ def _common_cells(
     if states is None or not owned:
         return None
     get = cache.get
-    expected = [None, states[0], states[1], ANY, None, None, ANY, ANY, ANY, ANY, ANY, ANY]
+    expected = [None, states[0], states[1], states[2], None, None, ANY, ANY, ANY, ANY, ANY, ANY]
     for index, value in ((I_OS, os_), (I_PNODE, pnode), (_MAXMEM, memory), (_VCPUS, vcpus)):
         cell = get(value)
         expected[index] = cell if cell is not None else cache.setdefault(value, [0, value])
@@ -237,9 +241,9 @@ class PassRows:
     """One backend's rows in the pass's snapshot: the :func:`~._fetch.live_rows` tuples (those
     with cells as the database gave them: ``process`` then :func:`~._fetch.decoded_row` make
     them such a tuple), the cells each settles with (:func:`expected_cells`), and the jobs not
-    final."""
+    final; ``marked``: the rows whose node is not up (:func:`~._fetch.marked_rows`)."""
 
-    __slots__ = ("expected", "jobs", "process", "rows", "taken_at")
+    __slots__ = ("expected", "jobs", "marked", "process", "rows", "taken_at")
 
     def __init__(
         self,
@@ -248,9 +252,11 @@ class PassRows:
         jobs: dict[int, StoredJob],
         taken_at: float,
         process: Callable[[Any], Any] | None = None,
+        marked: dict[str, str] | None = None,
     ) -> None:
         self.rows, self.expected, self.jobs, self.taken_at = rows, expected, jobs, taken_at
         self.process = process
+        self.marked = marked or {}
 
     def row(self, name: str) -> tuple[Any, ...]:
         """The :func:`~._fetch.live_rows` tuple of ``name``'s row."""
@@ -273,7 +279,8 @@ def read_pass_parts(conn: Connection, backend: str, taken_at: float) -> Callable
     :func:`~._fetch.live_rows_plain`)."""
     plain, process = live_rows_plain(conn, backend)
     jobs = read_jobs(conn, backend=backend, status=_NOT_FINAL)
-    return functools.partial(_pass_rows, plain, process, {job.job_id: job for job in jobs}, taken_at)
+    marked = marked_rows(conn, backend)
+    return functools.partial(_pass_rows, plain, process, {job.job_id: job for job in jobs}, taken_at, marked)
 
 
 def _pass_rows(
@@ -281,6 +288,7 @@ def _pass_rows(
     process: Callable[[Any], Any],
     jobs: dict[int, StoredJob],
     taken_at: float,
+    marked: dict[str, str] | None = None,
 ) -> PassRows:
     """A row that can settle by its cells is kept as the database gave it (its JSON columns
     texts; on SQLite a list of a few objects, not a few dozen), made a full row again only if
@@ -304,7 +312,10 @@ def _pass_rows(
                     continue
             rows[raw[0]] = raw  # as read (on SQLite a list): row() makes its full tuple if needed
             expected[raw[0]] = cells
-    return PassRows(rows, expected, jobs, taken_at, process)
+    for name in marked or ():  # its node not up: the long way (a node_down drift, or clearing it)
+        if expected.pop(name, None) is not None:
+            rows[name] = decoded_row(process(rows[name]))
+    return PassRows(rows, expected, jobs, taken_at, process, marked)
 
 
 def settle(
@@ -330,7 +341,12 @@ def settle(
                     f"(not {_WIDTH} [status, value] cells); report this with the Ganeti version"
                 ) from None
             left[str(values[I_NAME])] = QueriedInstance(values)
-        rows = {name: snapshot_row(backend, read.row(name)) for name in read.rows if name not in settled}
+        marked = read.marked.get
+        rows = {
+            name: snapshot_row(backend, read.row(name), marked(name))
+            for name in read.rows
+            if name not in settled
+        }
     return rows, left, len(settled)
 
 

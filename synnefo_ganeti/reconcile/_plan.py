@@ -39,6 +39,18 @@ Rules, in the words of the drift kinds:
   the final version, so its events and the instance's state follow); one Ganeti no
   longer knows at all (``GET /2/jobs/ID`` answering nulls) is reported as unknown,
   never taken as failed, and has no fix.
+* ``node_down`` (report-only, every pass while it lasts): Ganeti reads the instance
+  ``ERROR_nodedown`` or ``ERROR_nodeoffline``: its primary node is down or offline, and
+  whether it runs is unknown. No ``operstate`` drift then (a STARTED row is not
+  "stopped"); the other comparisons go on (Ganeti's configuration still answers). The
+  pass stores every row's node state as Ganeti reads it, whatever the fixes
+  (``StoredInstance.node_state``: marked, and cleared once the node is back).
+* ``not_owned`` (report-only, never fixed): the row is ours, or was, but Ganeti's
+  instance of that name lacks the ownership marks of ``[ownership]`` (an operator's VM
+  holding the name a create of ours was refused for). Nothing else is compared, so no fix
+  makes the row take that instance's state (the control plane would own it, and a delete
+  would remove it); the pass marks the row ``owned`` False, and every action refuses it
+  (control/_actions.py). A row already marked so is reported again while the pair lasts.
 """
 
 from __future__ import annotations
@@ -67,6 +79,7 @@ from synnefo_ganeti.reconcile._observe import (
     tags_differ,
 )
 from synnefo_ganeti.store import InstanceStatus, StoredJob
+from synnefo_ganeti.store._node_state import node_state_of
 
 __all__ = [
     "BUILD_GRACE",
@@ -94,6 +107,10 @@ class DriftKind(enum.StrEnum):
     DISKS = "disks"
     TAGS = "tags"
     JOB = "job"
+    #: report-only: Ganeti reads the instance ERROR_nodedown / ERROR_nodeoffline
+    NODE_DOWN = "node_down"
+    #: report-only: Ganeti's instance of the row's name lacks the ownership marks
+    NOT_OWNED = "not_owned"
 
 
 class Fix(enum.StrEnum):
@@ -134,7 +151,8 @@ class GanetiSnapshot:
     by name. ``jobs``: ``/2/jobs?bulk=1`` (unarchived jobs). ``looked_up``: ``GET /2/jobs/ID`` for
     the jobs the database needs and the listing lacks; ``None`` for a job Ganeti does
     not know. ``owned``: the names of Ganeti's instances the ownership settings say are
-    ours (the snapshot records it so that :func:`plan` needs no settings).
+    ours (the snapshot records it so that :func:`plan` needs no settings); ``marks``: False
+    when no ownership marks are configured (nothing is told ours or not: no ``not_owned``).
     """
 
     backend: str
@@ -145,6 +163,11 @@ class GanetiSnapshot:
     taken_at: float = field(default_factory=time.time)
     #: ``[ownership] tag_namespace``: only tags under it are compared (None: every tag)
     tag_namespace: str | None = None
+    marks: bool = True
+
+    def theirs(self, name: str) -> bool:
+        """Ganeti has an instance ``name`` and it lacks the ownership marks (not ours)."""
+        return self.marks and name in self.instances and name not in self.owned
 
     def job(self, job_id: int) -> Job | None:
         """The job from the listing or the lookups; ``None`` when unknown or not asked."""
@@ -276,15 +299,23 @@ def plan(
             )  # fmt: skip
 
     for name, row in db.instances.items():
-        if not row.owned or row.status is InstanceStatus.DESTROYED:
+        if row.status is InstanceStatus.DESTROYED:
             continue
         observed = gnt.instances.get(name)
+        theirs = gnt.theirs(name)
+        if not row.owned:
+            if theirs and name not in busy:
+                drifts.append(_not_owned(row, observed))
+            continue
         if row.status is InstanceStatus.BUILD:
-            drift = _building(row, observed, gnt, creates.get(name), db.taken_at, build_grace)
+            drift = _building(row, observed, gnt, creates.get(name), db.taken_at, build_grace, theirs=theirs)
             if drift is not None:
                 drifts.append(drift)
             continue
         if name in busy:
+            continue
+        if theirs:
+            drifts.append(_not_owned(row, observed))
             continue
         if isinstance(observed, QueriedInstance) and observed.settles(row, gnt.tag_namespace):
             continue  # the same in everything compared: no drift
@@ -315,6 +346,15 @@ def plan(
     return drifts
 
 
+def _not_owned(row: RowView, observed: InstanceView | None) -> Drift:
+    state = "" if observed is None else f" ({observed.status or observed.admin_state})"
+    return Drift(
+        DriftKind.NOT_OWNED, row.backend, row.name,
+        f"{row.status} in the database; Ganeti's instance {row.name}{state} lacks the ownership marks "
+        "of [ownership]: not ours, never taken over (no fix; every action on the row is refused)",
+    )  # fmt: skip
+
+
 def _building(
     row: RowView,
     observed: InstanceView | None,
@@ -322,7 +362,19 @@ def _building(
     seen_create: Job | None,
     taken_at: float,
     grace: float,
+    *,
+    theirs: bool = False,
 ) -> Drift | None:
+    """The BUILD row's drift; ``theirs``: Ganeti's instance of its name lacks the ownership
+    marks: only a create that failed or was canceled settles the row (ERROR, DESTROYED: the
+    instance is not its), anything that would take Ganeti's state is ``not_owned``."""
+    if theirs:
+        drift = _building(row, None, gnt, seen_create, taken_at, grace)
+        if drift is None or drift.status is InstanceStatus.DESTROYED:
+            return drift
+        job = gnt.job(drift.job_id) if drift.job_id is not None else None
+        failed = job is not None and job.status is not JobStatus.SUCCESS
+        return drift if failed else _not_owned(row, observed)
     backend, name = row.backend, row.name
     job_id = row.create_job_id
     job = gnt.job(job_id) if job_id is not None else seen_create
@@ -374,7 +426,17 @@ def _compare(row: RowView, observed: InstanceView, tag_namespace: str | None = N
     backend, name = row.backend, row.name
     drifts: list[Drift] = []
     state = ganeti_state(observed)
-    if row.status is InstanceStatus.ERROR:
+    node_state = node_state_of(observed.status)
+    if node_state is not None:
+        # whether it runs is unknown: no operstate drift (the instance is not "stopped")
+        drifts.append(
+            Drift(
+                DriftKind.NODE_DOWN, backend, name,
+                f"{row.status} in the database; Ganeti reads it {observed.status}: its primary node "
+                f"{observed.pnode or '?'} is {node_state}",
+            )
+        )  # fmt: skip
+    elif row.status is InstanceStatus.ERROR:
         if state is InstanceStatus.STARTED:
             drifts.append(
                 Drift(

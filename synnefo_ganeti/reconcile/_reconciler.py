@@ -7,7 +7,9 @@ jobs fetched concurrently, then ``GET /2/jobs/ID`` (bounded) for the jobs the da
 needs that the listing lacks; all under the backend's timeout. A
 backend that fails or is too slow gets ``ok=False`` and a one-line reason; the others
 finish. Fixes are opt-in (see :class:`Fix`); the only Ganeti-side action, deleting an
-orphan, needs ``delete_orphans=True``.
+orphan, needs ``delete_orphans=True``. Whatever the fixes, each pass stores what Ganeti
+made (:func:`record_observed`), each instance's node state and the rows not ours
+(:mod:`._marks`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from synnefo_ganeti._backends import BackendResources
@@ -30,6 +33,7 @@ from synnefo_ganeti.metrics import DRIFT_FOUND
 from synnefo_ganeti.rapi import RapiClient
 from synnefo_ganeti.reconcile._fetch import INSTANCE_FIELDS
 from synnefo_ganeti.reconcile._job_file import job_file
+from synnefo_ganeti.reconcile._marks import ours, record_marks
 from synnefo_ganeti.reconcile._networks import NetworkDrift, NetworkDriftKind, check_networks
 from synnefo_ganeti.reconcile._observe import observed_changes
 from synnefo_ganeti.reconcile._pass import PassReads, PassRows, settle
@@ -44,6 +48,7 @@ from synnefo_ganeti.reconcile._plan import (
 )
 from synnefo_ganeti.reconcile._snapshots import complete_ganeti, snapshot_db, snapshot_ganeti
 from synnefo_ganeti.store import JobVersion, Store, record_observed
+from synnefo_ganeti.store._outcomes import error_record
 
 if TYPE_CHECKING:
     from synnefo_ganeti.config import BackendSettings, Settings
@@ -81,6 +86,8 @@ class BackendReport:
     networks: list[NetworkDrift] = field(default_factory=list)
     #: instances found as their rows expect by comparing Ganeti's cells whole (``_pass.settle``)
     settled: int = 0
+    #: rows whose node state or ownership this pass marked (``_marks``)
+    marked: int = 0
 
     __json_fields__ = ("name", "ok", "error", "drifts", "networks")
 
@@ -128,6 +135,10 @@ class Report:
 
 def _fix_kinds(fixes: Iterable[Fix | str]) -> set[DriftKind]:
     return {Fix(fix).kind for fix in fixes}
+
+
+def _vanished(drift: Drift) -> str:
+    return f"instance {drift.instance} vanished from backend {drift.backend}: Ganeti no longer has it"
 
 
 def _reason(exc: BaseException) -> str:
@@ -200,6 +211,10 @@ async def apply(
                 values: dict[str, Any] = dict(drift.values)
                 if drift.status is not None:
                     values["status"] = drift.status
+                if drift.kind is DriftKind.STALE:  # the row says why it ended (and so does the feed)
+                    values["last_error"] = error_record(
+                        "reconcile", None, _vanished(drift), datetime.now(UTC)
+                    )
                 if values:
                     await store.update_instance(drift.backend, drift.instance, **values)
                     drift.fixed = True
@@ -236,6 +251,12 @@ class Reconciler(BackendResources):
 
     def __repr__(self) -> str:
         return f"<Reconciler backends=[{', '.join(b.name for b in self.settings.backends)}]>"
+
+    @property
+    def _marks(self) -> bool:
+        """Whether ``[ownership]`` has a mark: without, nothing is told ours or not ours."""
+        ownership = self.settings.ownership
+        return ownership.prefix is not None or ownership.tag is not None
 
     def _make_client(self, backend: BackendSettings) -> RapiClient:
         return backend.rapi_client(timeout=self.settings.reconcile_timeout(backend))
@@ -289,6 +310,7 @@ class Reconciler(BackendResources):
             owns=self.settings.ownership.owns,
             lookup_concurrency=self.lookup_concurrency,
             tag_namespace=self.settings.ownership.tag_namespace,
+            marks=self._marks,
         )
         # The DESTROYED rows only of the names that could be orphans (ours in Ganeti, no live
         # row): the live rows alone are read by an index, every backend's DESTROYED ones by a scan.
@@ -340,7 +362,7 @@ class Reconciler(BackendResources):
         started = time.monotonic()
         timeout = self.settings.reconcile_timeout(backend)
         drifts: list[Drift] = []  # kept when the fixes fail: what was found is still reported
-        observed_count = 0
+        observed_count = marked = 0
         networks = asyncio.ensure_future(
             self._check_networks(backend, network_fixes, delete_orphans, timeout, reads)
         )
@@ -360,7 +382,9 @@ class Reconciler(BackendResources):
             for drift in drifts:
                 if drift.instance and not drift.fixed and drift.kind in (DriftKind.NICS, DriftKind.DISKS):
                     held.setdefault(drift.instance, set()).add(drift.kind.value)
-            observed = observed_changes(db.instances, gnt.instances, held=held)
+            async with asyncio.timeout(timeout):
+                marked = await record_marks(self.store, db, gnt, drifts)
+            observed = observed_changes(db.instances, ours(gnt), held=held)
             if observed:
                 async with asyncio.timeout(timeout):
                     observed_count = await record_observed(
@@ -389,6 +413,7 @@ class Reconciler(BackendResources):
             drifts=drifts,
             duration=time.monotonic() - started,
             observed=observed_count,
+            marked=marked,
             networks=network_drifts,
             settled=settled,
         )

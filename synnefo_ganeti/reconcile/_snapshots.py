@@ -78,9 +78,12 @@ async def complete_ganeti(
     owns: Callable[[str, list[str]], bool] | None = None,
     lookup_concurrency: int = 8,
     tag_namespace: str | None = None,
+    marks: bool | None = None,
 ) -> GanetiSnapshot:
     """Ganeti's snapshot of ``instances`` and ``jobs`` (answered after ``taken_at``): the
-    lookups the database needs, which instances are ours (see :func:`snapshot_ganeti`)."""
+    lookups the database needs, which instances are ours (see :func:`snapshot_ganeti`).
+    ``marks``: whether ownership marks are configured (default: ``owns`` given); without,
+    no instance is told "not ours" (:attr:`GanetiSnapshot.marks`)."""
     by_id = {job.id: job for job in jobs}
     wanted = {job_id for job_id in db.jobs if job_id not in by_id}
     wanted.update(
@@ -103,6 +106,8 @@ async def complete_ganeti(
     owned = frozenset(
         name for name, instance in instances.items() if owns is not None and owns(name, instance.tags)
     )
+    # (no marks configured, or no ownership said: nothing is ours, and nothing told "not ours")
+    marks = owns is not None if marks is None else marks
     return GanetiSnapshot(
         backend=db.backend,
         instances=instances,
@@ -111,4 +116,5 @@ async def complete_ganeti(
         owned=owned,
         taken_at=taken_at,
         tag_namespace=tag_namespace,
+        marks=marks,
     )

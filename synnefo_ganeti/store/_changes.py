@@ -1,9 +1,9 @@
 """The change feed: reading the ``changes`` table in id order, and waiting for new rows.
 
-Rows are written by database triggers (migration 0005) on every insert of a request or
-an instance and on updates of a request's status or error and of an instance's status,
-task or last error, so that every process's writes are in the feed (the API's, the CLI's,
-the dispatcher's), in commit order: on PostgreSQL the trigger takes the writers' advisory
+Rows are written by database triggers (migrations 0005 and 0010) on every insert of a request
+or an instance and on updates of a request's status or error and of an instance's status,
+task, last error or node state, so that every process's writes are in the feed (the API's,
+the CLI's, the dispatcher's), in commit order: on PostgreSQL the trigger takes the writers' advisory
 lock, so a smaller id is never committed after a larger one has been read.
 
 Waiting (:class:`ChangeWaiter`): this process's writer wakes a waiter at once; on
@@ -58,7 +58,9 @@ class Change:
     ``id`` grows with every change (resume after it); ``kind`` is ``"request"`` or
     ``"instance"``; ``key`` the request id or the instance id (its UUID); ``status``,
     ``task`` (instances only) and ``error`` (a request's error, an instance's last error
-    message) are the values after the change; ``at`` when it was written (UTC).
+    message) are the values after the change; ``at`` when it was written (UTC);
+    ``node_state`` (instances only) the state of its primary node after the change: None
+    while up, "down" or "offline" (see ``StoredInstance.node_state``).
     """
 
     id: int
@@ -68,10 +70,12 @@ class Change:
     task: str | None
     error: str | None
     at: datetime
+    node_state: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The fields as JSON values (``at`` in ISO 8601): the webhook's body."""
-        return {
+        """The fields as JSON values (``at`` in ISO 8601): the webhook's body. ``node_state``
+        is there for an instance's change only."""
+        body = {
             "id": self.id,
             "kind": self.kind,
             "key": self.key,
@@ -80,6 +84,9 @@ class Change:
             "error": self.error,
             "at": self.at.isoformat(),
         }
+        if self.kind == "instance":
+            body["node_state"] = self.node_state
+        return body
 
 
 def _change(row: Row[Any]) -> Change:
@@ -91,6 +98,7 @@ def _change(row: Row[Any]) -> Change:
         task=row.task,
         error=row.error,
         at=datetime.fromtimestamp(row.at, UTC),
+        node_state=row.node_state,
     )
 
 

@@ -34,6 +34,7 @@ from synnefo_ganeti.store._instances import (
 )
 from synnefo_ganeti.store._names import UniqueNames, check_name_free
 from synnefo_ganeti.store._node_state import check_node_state, set_node_state_rows, store_node_states
+from synnefo_ganeti.store._not_owned import mark_not_owned_rows
 from synnefo_ganeti.store._requests import RequestStatus
 from synnefo_ganeti.store._writer import Writer
 
@@ -54,9 +55,10 @@ class InstancePage(TypedDict, total=False):
 
 _DESTROYED_LAST = case((instances_t.c.status == InstanceStatus.DESTROYED.value, 1), else_=0)
 
+#: (``last_error``: the reconciler's stale fix says why the row ended)
 _UPDATABLE = frozenset(
     {"status", "owned", "os", "disk_template", "beparams", "nics", "disks", "tags", "state_time"}
-)
+) | {"last_error"}
 
 
 class Instances:
@@ -251,3 +253,18 @@ class Instances:
         backend_id = await self.backends.ensure(backend)
         snapshot = dict(states)
         return await self.writer.call(lambda conn: store_node_states(conn, backend_id, snapshot))
+
+    async def mark_not_owned(self, backend: str, rows: Mapping[str, str]) -> int:
+        if not rows:
+            return 0
+        backend_id = await self.backends.ensure(backend)
+        snapshot = dict(rows)
+        changed = await self.writer.call(lambda conn: mark_not_owned_rows(conn, backend_id, snapshot))
+        if changed:
+            log.warning(
+                "backend %s: Ganeti's instances %s lack the ownership marks: their rows are marked not "
+                "owned (no action is sent to Ganeti for them)",
+                backend,
+                ", ".join(sorted(rows)),
+            )
+        return changed

@@ -28,6 +28,7 @@ from synnefo_ganeti.errors import InvalidError
 from synnefo_ganeti.store._instances import InstanceStatus, instances_t
 
 __all__ = [
+    "GANETI_NODE_STATES",
     "NODE_STATES",
     "check_node_state",
     "node_state_of",
@@ -40,6 +41,8 @@ NODE_STATES: Final = ("down", "offline")
 
 #: Ganeti's instance status -> the node state it tells
 _FROM_GANETI: Final = {"ERROR_nodedown": "down", "ERROR_nodeoffline": "offline"}
+#: the instance statuses of Ganeti that say its primary node is not up
+GANETI_NODE_STATES: Final = frozenset(_FROM_GANETI)
 
 _CHUNK = 500
 

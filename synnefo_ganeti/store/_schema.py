@@ -130,6 +130,13 @@ class Instance(Base):
         ),
         # every other look by name (whatever the status, or across backends: migration 0009)
         Index("ix_instances_name", "name"),
+        # the few rows whose primary node is not up (each reconcile pass reads them: migration 0010)
+        Index(
+            "ix_instances_node_state",
+            "backend_id",
+            postgresql_where=text("node_state IS NOT NULL"),
+            sqlite_where=text("node_state IS NOT NULL"),
+        ),
         UniqueConstraint("uuid"),
     )
 
@@ -335,9 +342,9 @@ class CreateRequest(Base):
 
 class ChangeRow(Base):
     """The change feed (``ControlPlane.changes``): one row per change of a request's status or
-    error, or of an instance's status, task or last error. Written by database triggers
-    (migration 0005), so that every process's writes are in it, in commit order; ``at`` is
-    seconds since the epoch."""
+    error, or of an instance's status, task, last error or node state. Written by database
+    triggers (migrations 0005 and 0010), so that every process's writes are in it, in commit
+    order; ``at`` is seconds since the epoch."""
 
     __tablename__ = "changes"
 
@@ -348,6 +355,8 @@ class ChangeRow(Base):
     task: Mapped[str | None] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     at: Mapped[float] = mapped_column(Double)
+    #: an instance's node state after the change (None: its node is up; requests: None)
+    node_state: Mapped[str | None] = mapped_column(String(16))
 
 
 class FeedCursor(Base):

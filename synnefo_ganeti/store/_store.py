@@ -427,3 +427,8 @@ class Store(RequestMethods):
         """Set the node state of each named live instance (a reconcile pass: from Ganeti's
         instance status, see :func:`._node_state.node_state_of`); how many rows changed."""
         return await self._instances.store_node_states(backend, states)
+
+    async def mark_not_owned(self, backend: str, rows: Mapping[str, str]) -> int:
+        """Mark the named live rows ``owned`` False (name -> the status they were seen in): Ganeti's
+        instance of that name lacks the ownership marks (see :mod:`._not_owned`); how many changed."""
+        return await self._instances.mark_not_owned(backend, rows)

@@ -219,7 +219,8 @@ async def test_deleting_an_error_instance_ganeti_does_not_have_needs_no_job(tmp_
         fake.inject_fault("401", method="POST", path="/2/instances", times=1)
         with pytest.raises(AuthenticationError):
             await cp.create_instance(spec("vm2.fake.test"), backend="f1")
-        await client.wait_for_job(await client.create_instance(spec("vm2.fake.test")))
+        ours = cp.settings.ownership.tags_for_new()  # (made by our create: it carries our mark)
+        await client.wait_for_job(await client.create_instance(spec("vm2.fake.test", tags=ours)))
         job_id = await cp.delete_instance("vm2.fake.test", backend="f1")
         assert isinstance(job_id, int)
         await settled(cp, "vm2.fake.test", InstanceStatus.DESTROYED)

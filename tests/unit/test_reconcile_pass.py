@@ -460,7 +460,8 @@ async def test_a_second_pass_settles_what_the_first_recorded(db_url: str) -> Non
         for instance in ("vm1", "vm2"):
             await store.add_instance(B, instance, status=InstanceStatus.STARTED, os="noop")
         backend = {"name": B, "url": fake.url, "username": fake.username, "password": fake.password}
-        settings = Settings(database={"url": db_url}, backends=[backend])
+        # (the fake's instances carry no ownership mark: none configured, none is "not ours")
+        settings = Settings(database={"url": db_url}, backends=[backend], ownership={"tag": ""})
         async with Reconciler(settings, store=store) as reconciler:
             first = await reconciler.run_once()
             second = await reconciler.run_once()
