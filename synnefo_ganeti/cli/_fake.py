@@ -64,6 +64,20 @@ def _op_times(values: tuple[str, ...]) -> dict[str, float]:
 @click.option(
     "--archive-after", type=click.FloatRange(min=0), help="Archive jobs this many seconds after they end."
 )
+@click.option(
+    "--rpc-timeout", type=click.FloatRange(min=0), default=0.0, show_default=True,
+    help="Seconds an RPC to a crashed node takes to fail (Ganeti: 5); crash one with "
+    "POST /__fake__/nodes/NAME/crash.",
+)  # fmt: skip
+@click.option(
+    "--slow-submit", type=click.FloatRange(min=0), metavar="SECONDS",
+    help="Answer create POSTs only after this many seconds (as ganeti-rapi with a master candidate down).",
+)  # fmt: skip
+@click.option(
+    "--slow-submit-job-after", type=click.FloatRange(min=0), metavar="SECONDS",
+    help="With --slow-submit: the create's job reaches the queue after this many seconds, whether "
+    "or not the client still waits (default: when it is answered).",
+)  # fmt: skip
 @click.option("--no-tls", is_flag=True, help="Plain HTTP instead of HTTPS.")
 @click.option("--username", default="fake", show_default=True)
 @click.option(
@@ -83,6 +97,9 @@ def fake_ganeti(
     max_running_jobs: int,
     op_times: tuple[str, ...],
     archive_after: float | None,
+    rpc_timeout: float,
+    slow_submit: float | None,
+    slow_submit_job_after: float | None,
     no_tls: bool,
     username: str,
     password_file: Path | None,
@@ -90,6 +107,8 @@ def fake_ganeti(
 ) -> None:
     """Run a fake Ganeti (RAPI and job queue) in the foreground, until Ctrl-C or SIGTERM."""
     times = _op_times(op_times)
+    if slow_submit_job_after is not None and slow_submit is None:
+        raise click.BadParameter("needs --slow-submit", param_hint="--slow-submit-job-after")
     password = password_file.read_text().strip() if password_file is not None else None
 
     async def serve() -> None:
@@ -104,6 +123,9 @@ def fake_ganeti(
             raise click.ClickException(
                 f"cannot listen on {host}:{port}: {exc.strerror}; pick another --port"
             ) from None
+        fake.rpc_timeout = rpc_timeout
+        if slow_submit is not None:
+            fake.slow_submit(slow_submit, job_after=slow_submit_job_after)
         try:
             details = {
                 "url": fake.url, "username": fake.username, "password": fake.password, "ca_file": fake.ca_file,

@@ -13,6 +13,7 @@ from synnefo_ganeti.testing._fake import FakeGaneti
 from synnefo_ganeti.testing._jobs import FakeJob
 from synnefo_ganeti.testing._proxy import PROXY_MODES, ChaosProxy
 from synnefo_ganeti.testing._server import FAULT_KINDS, Fault
+from synnefo_ganeti.testing._slow import SlowSubmit
 from synnefo_ganeti.testing._structure import shape_of, structure_diff
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "FakeJob",
     "FakeNode",
     "Fault",
+    "SlowSubmit",
     "shape_of",
     "structure_diff",
 ]

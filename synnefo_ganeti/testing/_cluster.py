@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FakeInstance", "FakeNode", "OpFailure", "free_capacity", "parse_size"]
+__all__ = ["FakeInstance", "FakeNode", "OpFailure", "free_capacity", "instance_status", "parse_size"]
 
 _MAC_COUNTER = itertools.count(0x100000)
 
@@ -62,7 +62,12 @@ def parse_size(key: str, value: Any) -> int:
 
 @dataclass
 class FakeNode:
-    """A node: capacity in MiB and CPUs; ``mfree``/``dfree`` follow its instances."""
+    """A node: capacity in MiB and CPUs; ``mfree``/``dfree`` follow its instances.
+
+    ``crashed``: the machine is gone (``FakeGaneti.crash_node``) while Ganeti's configuration
+    still lists it, online: every RPC to it fails, so Ganeti reads no live data from it
+    (``live`` false, as for an ``offline`` node, which Ganeti does not even ask).
+    """
 
     name: str
     mtotal: int = 32768
@@ -80,6 +85,12 @@ class FakeNode:
     ctime: float = field(default_factory=time.time)
     serial_no: int = 1
     ndparams: dict[str, Any] = field(default_factory=dict)  # the node's own, over the defaults
+    crashed: bool = False
+
+    @property
+    def live(self) -> bool:
+        """Whether Ganeti reads the node's live data: it is not offline and it answers RPC."""
+        return not self.offline and not self.crashed
 
 
 @dataclass
@@ -122,13 +133,28 @@ def new_mac(prefix: str = "aa:00:00") -> str:
     return f"{prefix}:{value >> 16 & 0xFF:02x}:{value >> 8 & 0xFF:02x}:{value & 0xFF:02x}"
 
 
-def instance_view(inst: FakeInstance, link: str) -> dict[str, Any]:
-    """``GET /2/instances/NAME`` (and each item of ``?bulk=1``), keys as Ganeti 3.0 gives them."""
-    running = inst.oper_state
+def instance_status(inst: FakeInstance, node: FakeNode | None) -> str:
+    """``query._GetInstStatus``: ``ERROR_nodeoffline`` when the primary node is offline,
+    ``ERROR_nodedown`` when it does not answer (``ctx.bad_nodes``), else from the admin state
+    and whether it runs (``_GetLiveInstStatus``/``_GetDeadInstStatus``)."""
+    if node is not None and node.offline:
+        return "ERROR_nodeoffline"
+    if node is not None and node.crashed:
+        return "ERROR_nodedown"
     if inst.admin_state == "up":
-        status = "running" if running else "ERROR_down"
-    else:
-        status = "ERROR_up" if running else "ADMIN_down"
+        return "running" if inst.oper_state else "ERROR_down"
+    return "ERROR_up" if inst.oper_state else "ADMIN_down"
+
+
+def instance_view(inst: FakeInstance, link: str, node: FakeNode | None = None) -> dict[str, Any]:
+    """``GET /2/instances/NAME`` (and each item of ``?bulk=1``), keys as Ganeti 3.0 gives them.
+
+    ``node``: its primary node; when Ganeti reads no live data from it (offline or crashed),
+    the live fields (``oper_state``, ``oper_ram``, ``oper_vcpus``) are ``null``
+    (``query._GetInstOperState``, ``_GetInstLiveData``: ``_FS_NODATA``, which RAPI's bulk
+    listing gives as ``null``) and ``status`` says why (:func:`instance_status`)."""
+    running: bool | None = inst.oper_state if node is None or node.live else None
+    status = instance_status(inst, node)
     return {
         "name": inst.name,
         "admin_state": inst.admin_state,
@@ -169,8 +195,9 @@ def instance_view(inst: FakeInstance, link: str) -> dict[str, Any]:
 
 
 def free_capacity(node: FakeNode, instances: Iterable[FakeInstance]) -> tuple[int | None, int | None]:
-    """Free memory (running instances count) and disk on a node, in MiB; ``None`` when offline."""
-    if node.offline:
+    """Free memory (running instances count) and disk on a node, in MiB; ``None`` when Ganeti
+    reads no live data from it (offline, or crashed)."""
+    if not node.live:
         return None, None
     used_memory = used_disk = 0
     for inst in instances:
@@ -190,10 +217,13 @@ def node_role(node: FakeNode) -> str:
 
 
 def node_view(node: FakeNode, instances: list[FakeInstance], group_uuid: str) -> dict[str, Any]:
-    """``GET /2/nodes?bulk=1`` items; capacity is ``null`` for an offline node, as Ganeti reports it."""
+    """``GET /2/nodes?bulk=1`` items. The live figures (``query._NODE_LIVE_FIELDS``: memory,
+    disk, CPUs) are ``null`` for a node Ganeti reads no live data from, offline or crashed
+    (``_GetLiveNodeField``: ``_FS_OFFLINE``, ``_FS_NODATA``), as recorded in
+    tests/fixtures/ganeti-3.0-nodefail; the rest (role, instances, ``offline``) stays."""
     mine = [inst for inst in instances if inst.pnode == node.name]
     mfree, dfree = free_capacity(node, mine)
-    live = not node.offline
+    live = node.live
     return {
         "name": node.name,
         "offline": node.offline,

@@ -147,6 +147,8 @@ class FakeCluster:
         self.opportunistic_retry = opportunistic_retry
         self.default_iallocator = default_iallocator  # the cluster's default_iallocator (/2/info)
         self.reserved: dict[str, int] = {}  # node -> memory held by creates placed there, until they end
+        #: seconds an RPC to a crashed node takes to fail (``_node_faults``; Ganeti's connect timeout: 5)
+        self.rpc_timeout = 0.0
         self._boot = int(time.time())
         self._closed = False
 
@@ -166,11 +168,13 @@ class FakeCluster:
 
     def instance_view(self, name: str) -> dict[str, Any] | None:
         inst = self.instances.get(name)
-        return None if inst is None else instance_view(inst, self.link)
+        return None if inst is None else instance_view(inst, self.link, self.nodes.get(inst.pnode))
 
     def instance_views(self) -> list[dict[str, Any]]:
+        nodes = self.nodes
         return [
-            instance_view(inst, self.link) for inst in sorted(self.instances.values(), key=lambda i: i.name)
+            instance_view(inst, self.link, nodes.get(inst.pnode))
+            for inst in sorted(self.instances.values(), key=lambda i: i.name)
         ]
 
     def job(self, job_id: int) -> FakeJob | None:

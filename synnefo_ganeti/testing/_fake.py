@@ -3,7 +3,8 @@
 ``async with FakeGaneti() as fake:`` starts an aiohttp server answering Ganeti 3.0's
 RAPI (HTTPS with a generated self-signed certificate, or plain HTTP), backed by an
 in-memory cluster whose job engine writes a queue directory as Ganeti does. Its
-knobs (latency, ``max_clients``, op run times, faults) can be changed while it runs.
+knobs (latency, ``max_clients``, op run times, faults, crashed nodes, slow submits) can be
+changed while it runs.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from synnefo_ganeti.testing import _ops_nodes
+from synnefo_ganeti.testing import _node_faults, _ops_nodes
 from synnefo_ganeti.testing._engine import FakeCluster
 from synnefo_ganeti.testing._queue import QueueDir
 from synnefo_ganeti.testing._server import FAULT_KINDS, Fault, RapiApp
+from synnefo_ganeti.testing._slow import SlowSubmit
 from synnefo_ganeti.testing._sockets import Accepted, Listener, spawn_serving
 from synnefo_ganeti.testing._tls import write_certificate
 
@@ -213,6 +215,54 @@ class FakeGaneti:
     def clear_faults(self) -> None:
         self.rapi.faults.clear()
 
+    def crash_node(self, name: str) -> None:
+        """The node's machine dies hard (the lab's ``crash-node-multi.sh``): Ganeti still lists it
+        online, reads no live figures from it (``null`` in ``/2/nodes?bulk=1``), reads its
+        instances ``ERROR_nodedown`` (``ERROR_nodeoffline`` once it is marked offline through
+        ``/2/nodes/NAME/modify`` or ``/role``), fails creates on it as Ganeti does and fails every
+        create by an iallocator until it is marked offline (``IAllocator``: ``Can't get data for
+        node``); each RPC to it waits :attr:`rpc_timeout` first. ``NotFoundError`` for an unknown
+        node, ``ConflictError`` for the master (the fake's RAPI runs there)."""
+        _node_faults.crash_node(self.cluster, name)
+
+    def restore_node(self, name: str) -> None:
+        """The crashed node is back (its daemons restarted): read again at once, its instances
+        stopped; if it was marked offline meanwhile, it stays offline until marked online."""
+        _node_faults.restore_node(self.cluster, name)
+
+    @property
+    def rpc_timeout(self) -> float:
+        """Seconds an RPC to a crashed node takes to fail, and so every read of live data and
+        every op that asks it (Ganeti's connect timeout is 5 s; default 0: at once)."""
+        return self.cluster.rpc_timeout
+
+    @rpc_timeout.setter
+    def rpc_timeout(self, value: float) -> None:
+        if value < 0:
+            raise ValueError(f"rpc_timeout must be >= 0 seconds, not {value}")
+        self.cluster.rpc_timeout = value
+
+    def slow_submit(
+        self, answer_after: float, *, job_after: float | None = None, method: str | None = "POST",
+        path: str | None = "/2/instances", times: int | None = None,
+    ) -> SlowSubmit:  # fmt: skip
+        """Make matching writes slow as a busy ganeti-rapi: the job reaches the queue (and
+        ``/2/jobs``) ``job_after`` seconds after the request (default ``answer_after``) whether the
+        client still waits or not, and the answer comes ``answer_after`` seconds after it (never
+        before the job exists). Default: creates (``POST /2/instances``); ``method=None`` with
+        ``path=None``: every POST, PUT and DELETE; ``path`` is a glob. ``times`` bounds how many
+        requests it slows (default: until :meth:`clear_slow_submits`)."""
+        rule = SlowSubmit(
+            answer_after=answer_after, job_after=answer_after if job_after is None else job_after,
+            method=method, path=path, times=times,
+        )  # fmt: skip
+        self.rapi.slow.rules.append(rule)
+        return rule
+
+    def clear_slow_submits(self) -> None:
+        """No more slow submits (those already held back still reach the queue)."""
+        self.rapi.slow.rules.clear()
+
     def master_failover(self, node: str) -> None:
         """Make ``node`` the master, as ``gnt-cluster master-failover`` run there does (Ganeti's
         RAPI has no call for it); ``ConflictError`` if it is the master or not a candidate."""
@@ -329,6 +379,8 @@ class FakeGaneti:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        if self._rapi is not None:
+            await self._rapi.slow.aclose()
         if self._cluster is not None:
             await self._cluster.aclose()
         if self._runner is not None:

@@ -15,6 +15,10 @@ create fails with ``ECODE_TEMP_NORES`` and the engine retries it with all locks
 (``PrepareRetry``), any other with ``ECODE_NORES``. Then it releases every node lock but
 the chosen nodes' (``ReleaseLocks(..., keep=...)``).
 
+A crashed node (:mod:`._node_faults`): a create with ``pnode`` there fails in ``CheckHVParams``
+(``OpExecError``, after the policy check, as ``CheckPrereq`` orders them); a create by an
+iallocator fails while any node that is not offline does not answer (``IAllocator``'s input).
+
 ``Exec`` has two phases: the disks, holding the node and node-res locks (``op_times``
 ``"OP_INSTANCE_CREATE/disks"``), then ``ReleaseLocks`` of both levels (node locks once
 the disks exist, node-res locks after wiping/imaging, which the fake does not do) and the
@@ -29,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from synnefo_ganeti.testing._cluster import FakeInstance, OpFailure, new_mac, parse_size
 from synnefo_ganeti.testing._locks import ALL
+from synnefo_ganeti.testing._node_faults import check_allocator_input, check_answers
 from synnefo_ganeti.testing._ops_networks import create_nics
-from synnefo_ganeti.testing._placement import allocate, check_policy, check_room, choose_node
+from synnefo_ganeti.testing._placement import allocate, check_pnode, check_policy, check_room, choose_node
 from synnefo_ganeti.testing._registry import Needs, opcode
 
 if TYPE_CHECKING:
@@ -118,12 +123,14 @@ async def instance_create(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
     if p.get("pnode") and p.get("iallocator"):
         raise OpFailure("OpPrereqError", "Do not specify both, iallocator and node", "wrong_input")
     ialloc = _iallocator(cluster, op)
-    node = choose_node(cluster, p, name) if ialloc is None else None  # pnode checks (CheckPrereq)
+    node = choose_node(cluster, p, name, check=False) if ialloc is None else None  # ExpandNames
     file_driver = p.get("file_driver") or ("loop" if template in ("file", "sharedfile") else None)
     resolved = {"pnode": node.name, "pnode_uuid": node.uuid} if node is not None else {"iallocator": ialloc}
     cluster.start_running(
         job, op, hypervisor=p.get("hypervisor") or cluster.hypervisor, file_driver=file_driver, **resolved
     )
+    if node is not None:
+        check_pnode(node)  # CheckPrereq
     # Once running, the executor has turned "memory" into maxmem/minmem (written with what
     # comes next); the private/secret OS parameters appear with the first log line.
     beparams = dict(p.get("beparams") or {})
@@ -150,10 +157,12 @@ async def instance_create(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
     needed = maxmem if p.get("start", True) else 0
     if node is None:
         assert ialloc is not None
+        await check_allocator_input(cluster)  # IAllocator._ComputeDynamicNodeData
         node = cluster.nodes[_run_allocator(cluster, job, op, ialloc, needed, disks, template)]
     cluster.release(op, "node", keep=[node.name])
     cluster.release(op, "node-res", keep=[node.name])
     check_policy(cluster, maxmem, vcpus, template, disks)
+    await check_answers(cluster, node, f"Hypervisor parameter validation failed on node {node.name}")
     if str(p.get("os_type")) not in cluster.oses:
         raise OpFailure(
             "OpExecError",

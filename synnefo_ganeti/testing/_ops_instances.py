@@ -13,7 +13,8 @@ a primary node only):
   all of them with an iallocator, else the instances' ``pnode``/``snode``.
 
 What each writes, fails with and when, is Ganeti 3.0's (see tests/fixtures/ganeti-3.0-queue
-and tests/unit/test_fake_fidelity.py).
+and tests/unit/test_fake_fidelity.py); on a primary node that is offline or crashed, as
+:mod:`._node_faults` describes (tests/fixtures/ganeti-3.0-nodefail).
 """
 
 from __future__ import annotations
@@ -24,11 +25,19 @@ from synnefo_ganeti.testing import _opcodes
 from synnefo_ganeti.testing._cluster import OpFailure, parse_size
 from synnefo_ganeti.testing._disk_mods import disk_mods
 from synnefo_ganeti.testing._locks import ALL
+from synnefo_ganeti.testing._node_faults import (
+    ENVIRON,
+    check_allocator_input,
+    check_answers,
+    check_online,
+    warn_hooks,
+)
 from synnefo_ganeti.testing._ops_networks import nic_mods, release_nics
 from synnefo_ganeti.testing._placement import check_room, choose_node
 from synnefo_ganeti.testing._registry import Needs, opcode
 
 if TYPE_CHECKING:
+    from synnefo_ganeti.testing._cluster import FakeNode
     from synnefo_ganeti.testing._engine import FakeCluster
     from synnefo_ganeti.testing._jobs import FakeJob, FakeOp
 
@@ -76,7 +85,13 @@ def _multi_alloc_locks(cluster: FakeCluster, op: FakeOp) -> Needs:
 @opcode("OP_INSTANCE_REMOVE", locks=_remove_locks)
 async def instance_remove(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
     inst = cluster.op_instance(op)
+    node = cluster.nodes[inst.pnode]
     cluster.start_running(job, op, instance_uuid=inst.uuid)
+    if not op.luxid.get("ignore_failures"):  # LUInstanceRemove.Exec: call_instance_shutdown, Raise
+        what = f"Could not shutdown instance {inst.name} on node {node.name}"
+        if node.offline:
+            raise OpFailure("OpExecError", f"{what}: Node is marked offline", prereq=False)
+        await check_answers(cluster, node, what)
     await cluster.work(job, op, [], cluster.op_time(op))
     if not op.luxid.get("dry_run"):
         release_nics(cluster, inst)
@@ -86,22 +101,48 @@ async def instance_remove(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
 @opcode("OP_INSTANCE_SHUTDOWN", locks=_instance_only)
 async def instance_shutdown(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
     inst = cluster.op_instance(op)
+    node = cluster.nodes[inst.pnode]
     cluster.start_running(job, op, instance_uuid=inst.uuid)
+    skip_node = node.offline and bool(op.luxid.get("ignore_offline_nodes"))
+    if not skip_node:
+        check_online(node)  # LUInstanceShutdown.CheckPrereq
+    await warn_hooks(cluster, job, op, node)
+    remember = not op.luxid.get("dry_run") and not op.luxid.get("no_remember")
+    if node.crashed and not skip_node:
+        if remember:  # Exec marks it down first, then asks the node, which fails
+            inst.admin_state = "down"
+            inst.touch()
+        await check_answers(cluster, node, f"Could not shutdown instance '{inst.name}'")
+    if skip_node:
+        cluster.log(job, op, " - INFO: Primary node offline, marked instance as stopped")
     await cluster.work(job, op, [], cluster.op_time(op))
     if not op.luxid.get("dry_run"):
         inst.oper_state = False
-        if not op.luxid.get("no_remember"):
+        if remember:
             inst.admin_state = "down"
         inst.touch()
+
+
+def _check_node_for_start(inst_node: FakeNode, op: FakeOp) -> bool:
+    """``CheckPrereq`` of startup and reboot: the node online (or ``ignore_offline_nodes``, for a
+    startup); True when the op skips the node (offline and ignored)."""
+    if inst_node.offline and op.op_id == "OP_INSTANCE_STARTUP" and op.luxid.get("ignore_offline_nodes"):
+        return True
+    check_online(inst_node)
+    return False
 
 
 @opcode("OP_INSTANCE_STARTUP", locks=_startup_locks)
 async def instance_startup(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
     inst = cluster.op_instance(op)
     node = cluster.nodes[inst.pnode]
-    if not inst.oper_state:
-        check_room(cluster, node, inst.memory, [], "diskless", inst.name)
     cluster.start_running(job, op, instance_uuid=inst.uuid)
+    if not _check_node_for_start(node, op):
+        # CheckInstanceBridgesExist, then call_instance_info (both raise ECODE_ENVIRON)
+        await check_answers(cluster, node, f"Error checking bridges on destination node '{node.name}'",
+                            prereq=True, ecode=ENVIRON)  # fmt: skip
+        if not inst.oper_state:
+            check_room(cluster, node, inst.memory, [], "diskless", inst.name)
     await cluster.work(job, op, [], cluster.op_time(op))
     if not op.luxid.get("dry_run"):
         inst.oper_state = True
@@ -116,7 +157,11 @@ async def instance_reboot(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
         raise OpFailure(
             "OpPrereqError", f"Instance {inst.name} is marked to be down, cannot reboot", "wrong_state"
         )
+    node = cluster.nodes[inst.pnode]
     cluster.start_running(job, op, instance_uuid=inst.uuid)
+    _check_node_for_start(node, op)  # LUInstanceReboot.CheckPrereq: CheckNodeOnline, bridges
+    await check_answers(cluster, node, f"Error checking bridges on destination node '{node.name}'",
+                        prereq=True, ecode=ENVIRON)  # fmt: skip
     await cluster.work(job, op, [], cluster.op_time(op))
     if not op.luxid.get("dry_run"):
         inst.oper_state = True
@@ -162,6 +207,9 @@ async def instance_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) ->
 
 @opcode("OP_INSTANCE_MULTI_ALLOC", locks=_multi_alloc_locks)
 async def instance_multi_alloc(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    instances = op.luxid.get("instances") or []
+    if op.luxid.get("iallocator") or any(not item.get("pnode") for item in instances):
+        await check_allocator_input(cluster)  # LUInstanceMultiAlloc.CheckPrereq runs the allocator
     children: list[dict[str, Any]] = []
     resolved_children: list[dict[str, Any]] = []
     for body in op.luxid.get("instances") or []:

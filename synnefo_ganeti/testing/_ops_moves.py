@@ -8,6 +8,13 @@ instance moves (Ganeti's ``DTS_EXT_MIRROR``); a ``file`` one cannot. Without a t
 iallocator picks one (``TLMigrateInstance._RunAllocator``; here: the node with the most free
 memory, as hail's balancing does on equal nodes), or fails as Ganeti 3.0's with no other node.
 Rename and reinstall want the instance down.
+
+A primary node that gives no live data (offline, or crashed: :mod:`._node_faults`): a migration
+cannot ask it whether the instance is migratable (``TLMigrateInstance.CheckPrereq``:
+``Can't migrate, please use failover``, or a fallback to failover with ``allow_failover``); a
+failover cannot shut the instance down there (``_ExecFailover``) and goes on only with
+``ignore_consistency`` or the node offline, with a warning; it then starts the instance on the
+target if it is marked up.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from synnefo_ganeti.testing._cluster import OpFailure, free_capacity
 from synnefo_ganeti.testing._locks import ALL
+from synnefo_ganeti.testing._node_faults import check_answers, rpc_error
 from synnefo_ganeti.testing._ops_disks import check_down, instance_locks, instance_of
 from synnefo_ganeti.testing._registry import Needs, opcode
 
@@ -48,7 +56,7 @@ def best_node(
     skip = set(exclude)
     fits = []
     for node in cluster.nodes.values():
-        if node.name in skip or node.offline or node.drained or not node.vm_capable:
+        if node.name in skip or not node.live or node.drained or not node.vm_capable:
             continue
         free, _ = free_capacity(node, cluster.instances.values())
         room = (free or 0) - planned.get(node.name, 0)
@@ -90,12 +98,32 @@ async def _move(cluster: FakeCluster, job: FakeJob, op: FakeOp, failover: bool) 
         raise OpFailure(
             "OpPrereqError", f"Cannot migrate instance {inst.name} to its primary ({target})", "wrong_state"
         )
+    source = cluster.nodes[inst.pnode]
+    if not failover and not source.live:  # call_instance_migratable fails
+        if op.luxid.get("allow_failover"):
+            cluster.log(job, op, " - INFO: Can't migrate, instance offline, fallback to failover")
+            failover = True
+        else:
+            what = "Can't migrate, please use failover"
+            if source.offline:
+                raise OpFailure("OpPrereqError", f"{what}: Node is marked offline", "wrong_state")
+            await check_answers(cluster, source, what, prereq=True, ecode="wrong_state")
     if not failover and not op.luxid.get("mode"):  # the hypervisor's migration_mode (fake: live)
         op.resolve(mode="live")
     what = f"Failover instance {inst.name}" if failover else f"Migrating instance {inst.name}"
+    if failover and not source.live:  # _ExecFailover: call_instance_shutdown on the source fails
+        if not (op.luxid.get("ignore_consistency") or source.offline):
+            await check_answers(
+                cluster, source, f"Could not shutdown instance {inst.name} on node {source.name}"
+            )
+        error = "Node is marked offline" if source.offline else rpc_error(source)
+        cluster.log(job, op, f" - WARNING: Could not shutdown instance {inst.name} on node {source.name}, "
+                             f"proceeding anyway; please make sure node {source.name} is down; error details: {error}")  # fmt: skip
     await cluster.work(job, op, [what], cluster.op_time(op))
     if not op.luxid.get("dry_run"):
         inst.pnode = str(target)
+        if failover and inst.admin_state == "up":
+            inst.oper_state = True  # started on the target node
         inst.touch()
 
 

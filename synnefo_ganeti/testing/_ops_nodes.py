@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from synnefo_ganeti.errors import ConflictError, NotFoundError
 from synnefo_ganeti.testing import _opcodes
 from synnefo_ganeti.testing._cluster import OpFailure, free_capacity
+from synnefo_ganeti.testing._node_faults import check_answers, warn_hooks
 from synnefo_ganeti.testing._ops_moves import best_node
 from synnefo_ganeti.testing._registry import Needs, opcode
 
@@ -47,6 +48,15 @@ def _node_shared(cluster: FakeCluster, op: FakeOp) -> Needs:
     return Needs(node=names, shared=True)
 
 
+def _decide_self_promotion(cluster: FakeCluster) -> bool:
+    """``_DecideSelfPromotion``: fewer master candidates (the master is one) than the nodes that
+    could be one plus this one, up to the cluster's ``candidate_pool_size`` (10)."""
+    pool = int(cluster.model.cluster_params.get("candidate_pool_size") or 10)
+    usable = [n for n in cluster.nodes.values() if not n.offline and not n.drained]
+    candidates = [n for n in usable if n.master or n.candidate]
+    return len(candidates) < min(len(usable) + 1, pool)
+
+
 @opcode("OP_NODE_SET_PARAMS", locks=_node_lock)
 async def node_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
     p = op.luxid
@@ -65,24 +75,39 @@ async def node_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
                                                    "secondary_ip", "powered", "hv_state", "disk_state")):  # fmt: skip
         raise OpFailure("OpPrereqError", "Please pass at least one modification", "wrong_input")
     cluster.start_running(job, op, node_uuid=node.uuid)
+    leaves = (flags["offline"] is False and node.offline) or (flags["drained"] is False and node.drained)
+    if leaves and flags["master_candidate"] is None and _decide_self_promotion(cluster):
+        flags["master_candidate"] = True
+        cluster.log(job, op, " - INFO: Auto-promoting node to master candidate")
+    if node.offline and (flags["offline"] is False or flags["master_candidate"] or flags["drained"]):
+        # out of offline: CheckPrereq asks the node its version (call_version)
+        await check_answers(cluster, node, f"Node {node.name} is being de-offlined but fails to report its version",
+                            prereq=True, ecode="wrong_state")  # fmt: skip
+        cluster.log(job, op, " - WARNING: Transitioning node from offline to online state without using re-add. "
+                             "Please make sure the node is healthy!")  # fmt: skip
+    await warn_hooks(cluster, job, op, node)  # the pre-hooks run on the master and the node
     await cluster.work(job, op, [], cluster.op_time(op))
     changes: list[list[Any]] = []
     if p.get("dry_run"):
         op.result = changes
         return
-    for key, value in flags.items():
-        if value is None:
-            continue
-        if key == "master_candidate":
-            node.candidate = bool(value)
-        else:
-            setattr(node, key, bool(value))
-        if value:  # a node takes one role at a time: the others are cleared
-            for other in flags:
-                if other != key and getattr(node, "candidate" if other == "master_candidate" else other):
-                    setattr(node, "candidate" if other == "master_candidate" else other, False)
-                    changes.append([other, "False"])
-        changes.append([key, str(bool(value))])
+    # LUNodeSetParams: the new role from the flags set, then one line per flag changed, in
+    # _FLAGS order (master_candidate, drained, offline)
+    old = (node.candidate and not node.offline and not node.drained, node.drained, node.offline)
+    if flags["master_candidate"]:
+        new = (True, False, False)
+    elif flags["drained"]:
+        new = (False, True, False)
+    elif flags["offline"]:
+        new = (False, False, True)
+    elif False in flags.values():
+        new = (False, False, False)
+    else:
+        new = old
+    for was, now, key in zip(old, new, ("master_candidate", "drained", "offline"), strict=True):
+        if was != now:
+            changes.append([key, str(now)])
+    node.candidate, node.drained, node.offline = new
     node.ndparams.update(p.get("ndparams") or {})  # LUNodeSetParams.Exec: no line in the result
     if p.get("vm_capable") is not None:
         node.vm_capable = bool(p["vm_capable"])

@@ -20,7 +20,7 @@ from synnefo_ganeti.testing._cluster import FakeNode, OpFailure, free_capacity
 if TYPE_CHECKING:
     from synnefo_ganeti.testing._engine import FakeCluster
 
-__all__ = ["allocate", "check_policy", "check_room", "choose_node", "free"]
+__all__ = ["allocate", "check_pnode", "check_policy", "check_room", "choose_node", "free"]
 
 
 def free(cluster: FakeCluster, node: FakeNode) -> tuple[int | None, int | None]:
@@ -38,8 +38,8 @@ def allocate(
     fits = []
     for name in candidates:
         node = cluster.nodes.get(name)
-        if node is None or node.offline or node.drained or not node.vm_capable:
-            continue
+        if node is None or not node.live or node.drained or not node.vm_capable:
+            continue  # hail leaves out offline nodes; a crashed one has failed the create before
         mfree, dfree = free(cluster, node)
         room = (mfree or 0) - cluster.reserved.get(name, 0)
         if room >= memory and (not needed or dfree is None or dfree >= needed):
@@ -47,18 +47,27 @@ def allocate(
     return max(fits, key=lambda fit: (fit[0], fit[1]))[2] if fits else None
 
 
-def choose_node(cluster: FakeCluster, p: dict[str, Any], name: str) -> FakeNode:
+def check_pnode(node: FakeNode) -> None:
+    """``LUInstanceCreate.CheckPrereq``: the primary node neither offline nor drained (the op
+    holds its locks and runs: the real job files have its ``exec_timestamp``)."""
+    if node.offline:
+        raise OpFailure("OpPrereqError", f"Cannot use offline primary node '{node.name}'", "wrong_state")
+    if node.drained:
+        raise OpFailure("OpPrereqError", f"Cannot use drained primary node '{node.name}'", "wrong_state")
+
+
+def choose_node(cluster: FakeCluster, p: dict[str, Any], name: str, *, check: bool = True) -> FakeNode:
+    """The op's ``pnode`` (unknown: ``ExpandNames``' failure; offline or drained: :func:`check_pnode`
+    unless ``check`` is false), or the usable node with the most free memory."""
     wanted = p.get("pnode")
     if wanted:
         node = cluster.nodes.get(str(wanted))
         if node is None:
             raise OpFailure("OpPrereqError", f"Node '{wanted}' not known", "unknown_entity")
-        if node.offline:
-            raise OpFailure("OpPrereqError", f"Cannot use offline primary node '{node.name}'", "wrong_state")
-        if node.drained:
-            raise OpFailure("OpPrereqError", f"Cannot use drained primary node '{node.name}'", "wrong_state")
+        if check:
+            check_pnode(node)
         return node
-    usable = [n for n in cluster.nodes.values() if not n.offline and not n.drained and n.vm_capable]
+    usable = [n for n in cluster.nodes.values() if n.live and not n.drained and n.vm_capable]
     if not usable:
         raise OpFailure(
             "OpPrereqError",

@@ -12,6 +12,14 @@ fake what it costs Ganeti, a little per field. ``beparams`` is the filled parame
 (``ctx.inst_beparams``), without the ``memory`` that only ``GET /2/instances`` adds
 (``rlib2._UpdateBeparams``).
 
+Nodes Ganeti reads no live data from (offline, or crashed: ``FakeNode.live``): a node's live
+fields (``query._NODE_LIVE_FIELDS``) are ``RS_OFFLINE`` (4) for an offline node and
+``RS_NODATA`` (2) for one that does not answer (``_GetLiveNodeField``); an instance on such a
+node has ``status`` ``ERROR_nodeoffline``/``ERROR_nodedown`` (``_GetInstStatus``) and its live
+fields (``oper_state``, ``oper_ram``, ``oper_vcpus``) ``RS_NODATA`` (``_GetInstOperState``,
+``_GetInstLiveData``; on an offline node ``oper_ram`` and ``oper_vcpus`` are ``RS_OFFLINE``, as
+luxid answered), as recorded in tests/fixtures/ganeti-3.0-nodefail.
+
 The answer is ``objects.QueryResponse.ToDict()`` (``rapi/rlib2.py`` ``R_2_query``): the
 field definitions (``name``, ``title``, ``kind``, ``doc`` from ``query._BuildJobFields``)
 and, per job in id order, each field as ``[status, value]`` (``RS_NORMAL`` 0; an unknown
@@ -31,14 +39,16 @@ import orjson
 
 from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti.testing import _opcodes
+from synnefo_ganeti.testing._cluster import instance_status
+from synnefo_ganeti.testing._node_faults import wait_for_live_data
 from synnefo_ganeti.testing._views import filter_view, group_view, network_view
 
 if TYPE_CHECKING:
-    from synnefo_ganeti.testing._cluster import FakeInstance
+    from synnefo_ganeti.testing._cluster import FakeInstance, FakeNode
     from synnefo_ganeti.testing._engine import FakeCluster
     from synnefo_ganeti.testing._jobs import FakeJob
 
-__all__ = ["QUERY_RESOURCES", "query", "query_fields", "query_jobs", "query_json"]
+__all__ = ["QUERY_RESOURCES", "answer_query", "query", "query_fields", "query_jobs", "query_json"]
 
 _Getter = Callable[["FakeJob"], Any]
 _TS = "(tuple containing seconds and microseconds)"
@@ -152,6 +162,35 @@ _INSTANCE_FIELDS: dict[str, _InstGetter] = {
 } | {f"be/{name}": _be_param(name) for name in _BE_FIELDS}
 
 
+RS_NODATA, RS_OFFLINE = 2, 4  # constants.RS_NODATA, RS_OFFLINE
+#: an instance's fields read from its primary node (``_GetInstOperState``, ``_GetInstLiveData``)
+INSTANCE_LIVE_FIELDS = frozenset({"oper_state", "oper_ram", "oper_vcpus"})
+#: a node's live fields (``query._NODE_LIVE_FIELDS``)
+NODE_LIVE_FIELDS = frozenset({"bootid", "cnodes", "cnos", "csockets", "ctotal", "dfree", "dtotal", "spfree",
+                              "sptotal", "mfree", "mnode", "mtotal"})  # fmt: skip
+_LIVE_BY_RESOURCE = {"instance": INSTANCE_LIVE_FIELDS | {"status"}, "node": NODE_LIVE_FIELDS}
+#: a row's key naming its fields without live data: field -> ``RS_NODATA`` or ``RS_OFFLINE``
+_NO_DATA = "\0no-data"
+
+
+def _cell_on_bad_node(
+    name: str, get: _InstGetter, inst: FakeInstance, link: str, node: FakeNode
+) -> list[Any]:
+    """One cell of an instance whose primary node gives no live data (offline or crashed)."""
+    if name == "status":
+        return [0, instance_status(inst, node)]
+    if name in INSTANCE_LIVE_FIELDS:
+        return [_instance_no_data(name, node), None]
+    return [0, get(inst, link)]
+
+
+def _instance_no_data(name: str, node: FakeNode) -> int:
+    """The status of a live field of an instance on ``node`` (offline or crashed): as the lab's
+    luxid answered, ``oper_state`` is always ``RS_NODATA``, the others ``RS_OFFLINE`` on an
+    offline node (tests/fixtures/ganeti-3.0-nodefail/query_instance_live_offline.json)."""
+    return RS_OFFLINE if node.offline and name != "oper_state" else RS_NODATA
+
+
 def _instance_data(cluster: FakeCluster, fields: list[str], qfilter: Any) -> list[list[list[Any]]] | None:
     """The rows of an instance query from ``_INSTANCE_FIELDS``; None when a field needs the whole view."""
     if any(name not in _INSTANCE_FIELDS for name in fields) or (
@@ -160,6 +199,8 @@ def _instance_data(cluster: FakeCluster, fields: list[str], qfilter: Any) -> lis
         return None
     link = cluster.link
     getters = [_INSTANCE_FIELDS[name] for name in fields]
+    bad = {name: node for name, node in cluster.nodes.items() if not node.live}  # mostly none
+    named = list(zip(fields, getters, strict=True))
     data = []
     names = requested_names(qfilter)
     if names is None:
@@ -167,12 +208,23 @@ def _instance_data(cluster: FakeCluster, fields: list[str], qfilter: Any) -> lis
     else:  # only the instances named (luxid's Query.Filter requestedNames): no scan of all
         insts = [cluster.instances[name] for name in sorted(names) if name in cluster.instances]
     for inst in insts:
-        if qfilter and not _matches(
-            {name: _INSTANCE_FIELDS[name](inst, link) for name in _filter_fields(qfilter)}, qfilter
-        ):
+        node = bad.get(inst.pnode) if bad else None
+        if qfilter and not _matches(_filter_row(inst, link, node, qfilter), qfilter):
             continue
-        data.append([[0, get(inst, link)] for get in getters])
+        if node is None:
+            data.append([[0, get(inst, link)] for get in getters])
+        else:
+            data.append([_cell_on_bad_node(name, get, inst, link, node) for name, get in named])
     return data
+
+
+def _filter_row(inst: FakeInstance, link: str, node: FakeNode | None, qfilter: Any) -> dict[str, Any]:
+    """The values a filter reads of ``inst`` (no live data where ``node`` gives none)."""
+    row = {}
+    for name in _filter_fields(qfilter):
+        row[name] = _INSTANCE_FIELDS[name](inst, link) if node is None else _cell_on_bad_node(
+            name, _INSTANCE_FIELDS[name], inst, link, node)[1]  # fmt: skip
+    return row
 
 
 def requested_names(qfilter: Any) -> set[str] | None:
@@ -211,12 +263,22 @@ def _rows(cluster: FakeCluster, resource: str) -> list[dict[str, Any]]:
         # the bulk view, with what only the query serves (be/NAME) and its own beparams
         link = cluster.link
         insts = sorted(cluster.instances.values(), key=lambda i: i.name)
-        return [
+        rows = [
             view | {name: get(inst, link) for name, get in _INSTANCE_FIELDS.items() if name not in view or name == "beparams"}
             for view, inst in zip(cluster.instance_views(), insts, strict=True)
         ]  # fmt: skip
+        for row, inst in zip(rows, insts, strict=True):
+            node = cluster.nodes.get(inst.pnode)
+            if node is not None and not node.live:
+                row[_NO_DATA] = {name: _instance_no_data(name, node) for name in INSTANCE_LIVE_FIELDS}
+        return rows
     if resource == "node":
-        return sorted(cluster.node_views(), key=lambda v: str(v["name"]))
+        rows = sorted(cluster.node_views(), key=lambda v: str(v["name"]))
+        for row in rows:
+            node = cluster.nodes.get(str(row["name"]))
+            if node is not None and not node.live:
+                row[_NO_DATA] = dict.fromkeys(NODE_LIVE_FIELDS, RS_OFFLINE if node.offline else RS_NODATA)
+        return rows
     if resource == "group":
         return [group_view(cluster, g) for g in sorted(model.groups.values(), key=lambda g: g.name)]
     if resource == "network":
@@ -267,6 +329,15 @@ def query(cluster: FakeCluster, resource: str, fields: list[str], qfilter: Any =
         return _query(cluster, resource, fields, qfilter)
 
 
+async def answer_query(cluster: FakeCluster, resource: str, fields: list[str], qfilter: Any = None) -> bytes:
+    """:func:`query_json`, once Ganeti would have read the live data the fields need: a crashed
+    node makes that wait its RPC timeout (``_node_faults.wait_for_live_data``)."""
+    live = _LIVE_BY_RESOURCE.get(resource, frozenset())
+    if any(name in live for name in fields):
+        await wait_for_live_data(cluster)
+    return query_json(cluster, resource, fields, qfilter)
+
+
 def query_json(cluster: FakeCluster, resource: str, fields: list[str], qfilter: Any = None) -> bytes:
     """:func:`query`'s answer as its JSON text: built, dumped and let go with the collector
     paused. Let go while it was still alive, the collector scanned the answer's ~56,000
@@ -292,8 +363,19 @@ def _query(cluster: FakeCluster, resource: str, fields: list[str], qfilter: Any)
     if fast is not None:
         return {"fields": defs, "data": fast}
     data = [
-        [[0, row[name]] if name in row else [2, None] if name in known else [1, None] for name in fields]
+        [_cell(row, name, known) for name in fields]
         for row in _rows(cluster, resource)
         if _matches(row, qfilter)
     ]
     return {"fields": defs, "data": data}
+
+
+def _cell(row: dict[str, Any], name: str, known: set[str]) -> list[Any]:
+    """``[status, value]``: ``RS_NORMAL`` with the row's value, the row's own status for a field
+    without live data, ``RS_NODATA`` for a field Ganeti knows and the fake lacks, else ``RS_UNKNOWN``."""
+    if name in row:
+        missing = row.get(_NO_DATA)
+        if missing is not None and name in missing:
+            return [missing[name], None]
+        return [0, row[name]]
+    return [RS_NODATA, None] if name in known else [1, None]

@@ -21,7 +21,7 @@ from aiohttp import web
 from synnefo_ganeti.testing._errors import HTTPError
 from synnefo_ganeti.testing._model import FakeFilter
 from synnefo_ganeti.testing._ops_tags import tags_of
-from synnefo_ganeti.testing._query import QUERY_RESOURCES, query_fields, query_json
+from synnefo_ganeti.testing._query import QUERY_RESOURCES, answer_query, query_fields
 from synnefo_ganeti.testing._views import console_view, filter_view, group_view, network_view
 
 if TYPE_CHECKING:
@@ -477,7 +477,7 @@ class Surface:
         if "fields" not in request.query:
             raise HTTPError(400, "Missing &#x27;fields&#x27; query argument")
         fields = [name.strip() for name in request.query["fields"].split(",")]
-        return query_json(self.cluster, self._resource(request), fields)
+        return await answer_query(self.cluster, self._resource(request), fields)
 
     async def _query_put(self, request: web.Request) -> Any:
         body = await self._raw(request)
@@ -489,7 +489,7 @@ class Surface:
                 raise HTTPError(400, "Missing &#x27;fields&#x27; query argument")
             fields = [name.strip() for name in request.query["fields"].split(",")]
         qfilter = body.get("qfilter", body.get("filter"))
-        return query_json(self.cluster, self._resource(request), [str(f) for f in fields], qfilter)
+        return await answer_query(self.cluster, self._resource(request), [str(f) for f in fields], qfilter)
 
     async def _query_fields(self, request: web.Request) -> Any:
         raw = request.query.get("fields")

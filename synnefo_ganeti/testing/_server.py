@@ -1,7 +1,8 @@
 """The fake ganeti-rapi: an aiohttp application answering as Ganeti 3.0 does.
 
 Requests pass, in order: the ``max_clients`` slots (a request beyond them waits,
-as ganeti-rapi's extra connections wait for a free child), the latency knob,
+as ganeti-rapi's extra connections wait for a free child), the latency knob, slow
+submits (:mod:`._slow`: the rest runs later, whatever the client does),
 authentication (401 as Ganeti's), injected faults, the JSON content-type check
 (415), then the handler. Every answer closes its connection, as ganeti-rapi's do.
 """
@@ -21,9 +22,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from synnefo_ganeti.errors import ConflictError, NotFoundError
+from synnefo_ganeti.testing import _node_faults
 from synnefo_ganeti.testing._engine import FakeCluster
 from synnefo_ganeti.testing._errors import HTTPError, ganeti_error, invalid
 from synnefo_ganeti.testing._routes import Surface
+from synnefo_ganeti.testing._slow import SlowSubmit, SlowSubmits
 
 __all__ = ["FAULT_KINDS", "Fault", "RapiApp"]
 
@@ -72,6 +76,7 @@ class RapiApp:
     latency: float | Callable[[], float] = 0.0
     wait_timeout: float = 10.0
     faults: list[Fault] = field(default_factory=list)
+    slow: SlowSubmits = field(default_factory=SlowSubmits)
     accepted_at: dict[int, float] = field(default_factory=dict)  # connection (handler id) -> accept time
     requests: int = 0
     active: int = 0
@@ -105,6 +110,9 @@ class RapiApp:
             ("POST", "/__fake__/faults", self._add_fault),
             ("DELETE", "/__fake__/faults", self._clear_faults),
             ("PUT", "/__fake__/knobs", self._set_knobs),
+            ("POST", "/__fake__/slow-submit", self._add_slow_submit),
+            ("DELETE", "/__fake__/slow-submit", self._clear_slow_submits),
+            ("POST", "/__fake__/nodes/{name}/{action:crash|restore}", self._node_fault),
         ]
         routes += Surface(self).routes()  # the rest of Ganeti 3.0's RAPI (_routes.py)
         for method, path, handler in routes:
@@ -126,7 +134,13 @@ class RapiApp:
         control = request.path.startswith("/__fake__/")
         delay = 0.0 if control else self.latency() if callable(self.latency) else self.latency
         try:
-            response = await self._answer(request, handler, control)
+            slow = None if control else self.slow.match(request)
+            if slow is None:
+                response = await self._answer(request, handler, control)
+            else:
+                response = await self.slow.answer(
+                    request, slow, started, lambda: self._answer(request, handler, control)
+                )
             remaining = delay - (loop.time() - started)
             if remaining > 0:
                 await asyncio.sleep(remaining)
@@ -236,8 +250,43 @@ class RapiApp:
             self.cluster.max_running_jobs = int(body["max_running_jobs"])
         if "op_times" in body:
             self.cluster.op_times.update({str(k): float(v) for k, v in dict(body["op_times"]).items()})
+        if "rpc_timeout" in body:
+            self.cluster.rpc_timeout = max(0.0, float(body["rpc_timeout"]))
         return {"latency": self.latency if not callable(self.latency) else None,
-                "max_running_jobs": self.cluster.max_running_jobs}  # fmt: skip
+                "max_running_jobs": self.cluster.max_running_jobs, "rpc_timeout": self.cluster.rpc_timeout}  # fmt: skip
+
+    async def _add_slow_submit(self, request: web.Request) -> Any:
+        body = await self._body(request)
+        try:
+            answer_after = float(body.get("answer_after", 0.0))
+            job_after = float(body.get("job_after", answer_after))
+            times = body.get("times")
+            rule = SlowSubmit(
+                answer_after=answer_after, job_after=job_after, method=body.get("method", "POST"),
+                path=body.get("path", "/2/instances"), times=int(times) if times is not None else None,
+            )  # fmt: skip
+        except (TypeError, ValueError) as exc:
+            raise HTTPError(400, f"bad slow submit: {exc}") from None
+        self.slow.rules.append(rule)
+        return {"slow_submits": len(self.slow.rules)}
+
+    async def _clear_slow_submits(self, request: web.Request) -> Any:
+        self.slow.rules.clear()
+        return {"slow_submits": 0}
+
+    async def _node_fault(self, request: web.Request) -> Any:
+        name, action = request.match_info["name"], request.match_info["action"]
+        try:
+            if action == "crash":
+                _node_faults.crash_node(self.cluster, name)
+            else:
+                _node_faults.restore_node(self.cluster, name)
+        except NotFoundError as exc:
+            raise HTTPError(404, str(exc)) from None
+        except ConflictError as exc:
+            raise HTTPError(409, str(exc)) from None
+        node = self.cluster.nodes[name]
+        return {"name": name, "crashed": node.crashed, "offline": node.offline}
 
     # ------------------------------------------------------------------ resources
 
@@ -268,25 +317,35 @@ class RapiApp:
         return list(_FEATURES)
 
     async def _nodes(self, request: web.Request) -> Any:
+        bulk = self._flag(request, "bulk")
+        if bulk:  # live data from every node: a crashed one's RPC timeout first
+            await _node_faults.wait_for_live_data(self.cluster)
         views = self.cluster.node_views()
-        if self._flag(request, "bulk"):
+        if bulk:
             return views
         return [{"id": v["name"], "uri": f"/2/nodes/{v['name']}"} for v in views]
 
     async def _node(self, request: web.Request) -> Any:
         name = request.match_info["name"]
+        await _node_faults.wait_for_live_data(self.cluster, [name])
         for view in self.cluster.node_views():
             if view["name"] == name:  # R_2_nodes_name.GET_ALIASES: "sip" also as "secondary_ip"
                 return view | {"secondary_ip": view["sip"]}
         raise HTTPError(404)
 
     async def _instances(self, request: web.Request) -> Any:
+        bulk = self._flag(request, "bulk")
+        if bulk:
+            await _node_faults.wait_for_live_data(self.cluster)
         views = self.cluster.instance_views()
-        if self._flag(request, "bulk"):
+        if bulk:
             return views
         return [{"id": v["name"], "uri": f"/2/instances/{v['name']}"} for v in views]
 
     async def _instance(self, request: web.Request) -> Any:
+        inst = self.cluster.instances.get(request.match_info["name"])
+        if inst is not None:
+            await _node_faults.wait_for_live_data(self.cluster, [inst.pnode])
         view = self.cluster.instance_view(request.match_info["name"])
         if view is None:
             raise HTTPError(404)

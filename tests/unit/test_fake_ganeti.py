@@ -356,7 +356,8 @@ async def test_control_endpoints() -> None:
         status, knobs = await raw(
             fake, "PUT", "/__fake__/knobs", json={"latency": 0.01, "max_running_jobs": 3}
         )
-        assert knobs == {"latency": 0.01, "max_running_jobs": 3} and fake.cluster.max_running_jobs == 3
+        assert knobs == {"latency": 0.01, "max_running_jobs": 3, "rpc_timeout": 0.0}
+        assert fake.cluster.max_running_jobs == 3
 
 
 def test_bad_knobs_are_named() -> None:
