@@ -17,7 +17,10 @@ Per case (one JSON object on stdout, progress on stderr):
 * ``error_type``: the class of the read's error; ``names_backend``: its message holds
   the backend's name and URL; ``seconds_to_error``: the read's wall time;
 * ``create_posts``: ``POST /2/instances`` sent for one create whose first try meets the
-  fault (a fault no retry gets past: the create fails, the fault clears, it is sent again);
+  fault (a fault no retry gets past: the create fails, the fault clears, it is sent again;
+  a fault after which the create may have reached Ganeti, with no job found: the client
+  raises ``CreateOutcomeUnknownError`` and the caller sends it again, as the dispatcher does
+  after ``unknown_outcome_wait``, here 1 s);
 * ``duplicates``: create jobs beyond one per request id, over the create and a
   dispatcher run of ``--requests`` requests on two backends, one faulty;
 * ``other_backend_ok``: in that run every request succeeded, none was lost;
@@ -40,7 +43,7 @@ from typing import Any
 
 import orjson
 
-from synnefo_ganeti import ControlPlane, GanetiError
+from synnefo_ganeti import ControlPlane, CreateOutcomeUnknownError, GanetiError
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.store import RequestStatus, Store
@@ -103,7 +106,12 @@ async def create_case(case: str, timeout: float) -> dict[str, Any]:
         posts = requests_of(name, "POST")
         if case in ONCE_FAULTS:
             s.break_(method="POST", path="/2/instances", times=1)
-            job_id = await rapi.create_instance(spec("vm1"), request_id=rid)
+            try:
+                job_id = await rapi.create_instance(spec("vm1"), request_id=rid)
+            except CreateOutcomeUnknownError:
+                # the answer lost and no job yet: never sent again by the client; the caller
+                # (here, as the dispatcher does after unknown_outcome_wait) looks and sends it again
+                job_id = await rapi.create_instance(spec("vm1"), request_id=rid)
         else:
             s.break_(method="POST", path="/2/instances")
             with suppress(GanetiError):  # the fault's typed error: retrying cannot get past it
@@ -139,6 +147,8 @@ async def dispatcher_case(case: str, timeout: float, count: int, folder: Path) -
                 "health_timeout": 1.0,
                 "stats_interval": 0.3,
                 "shutdown_timeout": 5.0,
+                # a create whose answer was lost is looked for this long before it goes elsewhere
+                "unknown_outcome_wait": 1.0,
             },
         )
         failed_before = requests_of(faulty, failed=True)

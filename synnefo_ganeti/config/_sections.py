@@ -211,9 +211,12 @@ class BackendSettings(_Section):
     def rapi_client(self, *, timeout: float | None = None, retry: RetryPolicy | None = None) -> RapiClient:
         """A :class:`~synnefo_ganeti.rapi.RapiClient` for this backend (use it with ``async with``).
 
-        ``timeout`` is the per-request HTTP timeout (the client's default when ``None``).
+        ``timeout`` is the per-request HTTP timeout (default: the backend's ``timeout``, else
+        the client's default).
         """
         extra: dict[str, Any] = {}
+        if timeout is None:
+            timeout = self.timeout
         if timeout is not None:
             extra["timeout"] = timeout
         assert self.password is not None  # the validators make sure of it
@@ -322,6 +325,11 @@ class DispatcherSettings(_Section):
     #: room, the OS missing, the node down, offline or drained) before it fails; each such failure
     #: places it again (elsewhere), its error kept in ``Request.attempt_errors``
     max_attempts: int = Field(default=3, ge=1, le=100)
+    #: a create whose answer was lost (a timeout, a broken connection, a 504) is looked for in
+    #: Ganeti's job list for this long (seconds) before it may be sent again: ganeti-rapi puts a
+    #: POST it accepted into the queue even after the client gave up, and its wait on the master
+    #: daemon alone may last 60 s (luxi's read timeout) while a node is down
+    unknown_outcome_wait: float = Field(default=90.0, ge=0, allow_inf_nan=False)
     #: seconds SIGTERM leaves in-flight calls to finish
     shutdown_timeout: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     #: the status server (/metrics, /healthz, /readyz); port 0 picks a free one, None: off

@@ -31,6 +31,7 @@ from synnefo_ganeti.dispatch._tracker import JobTracker
 from synnefo_ganeti.dispatch._webhook import WebhookDeliverer
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.health import HealthMonitor
+from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import RapiClient
 from synnefo_ganeti.reconcile import Report
 from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, Store
@@ -131,7 +132,9 @@ class DispatcherBase(BackendResources):
         self._nodes_written: dict[str, float] = {}
         self._reload_lock = asyncio.Lock()
         # backend -> (when, the listing of its jobs by reason) for crash recovery
-        self._job_listings: dict[str, tuple[float, asyncio.Future[dict[str, int]]]] = {}
+        self._job_listings: dict[
+            str, tuple[float, asyncio.Future[dict[str, list[tuple[int, JobStatus]]]]]
+        ] = {}
         # request id -> since when its create's fate is unknown (Ganeti is asked about it)
         self._check_since: dict[str, float] = {}
         # dispatcher id -> when its lock was first seen free (PostgreSQL)
@@ -182,13 +185,23 @@ class DispatcherBase(BackendResources):
                 result.message,
             )
 
-    async def _fail(self, request: Request, error: str, *, placed: bool = False) -> None:
+    async def _fail(
+        self,
+        request: Request,
+        error: str,
+        *,
+        placed: bool = False,
+        instance_status: InstanceStatus | None = None,
+    ) -> None:
+        """``placed``: its instance row goes ERROR; ``instance_status``: it goes to that instead."""
+        if instance_status is None and placed:
+            instance_status = InstanceStatus.ERROR
         await self.store.finish_request(
             request.id,
             RequestStatus.FAILED,
             error=error,
             dispatcher=self.id,
-            instance_status=InstanceStatus.ERROR if placed else None,
+            instance_status=instance_status,
         )
         self.stats.failed += 1
         metrics.REQUESTS.labels("failed").inc()

@@ -5,14 +5,16 @@ Ganeti (a job carrying its id, an instance carrying its tag) before anything is 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
 from synnefo_ganeti import metrics
 from synnefo_ganeti.dispatch._wiring import BackendWiring
 from synnefo_ganeti.errors import GanetiError, NotFoundError
+from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import REASON_PREFIX, InstanceSpec, RapiClient
-from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, request_tag
+from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, is_name_taken_error, request_tag
 
 __all__ = ["Recovery"]
 
@@ -22,6 +24,8 @@ log = logging.getLogger("synnefo_ganeti.dispatch")
 #: lock must stay free before its requests are taken over
 TAKEOVER_CHECK = 5.0
 TAKEOVER_CONFIRM = 2.5
+#: seconds between looks in Ganeti's job list for a create whose answer was lost
+UNKNOWN_OUTCOME_POLL = 2.0
 
 
 class Recovery(BackendWiring):
@@ -66,54 +70,84 @@ class Recovery(BackendWiring):
             log.warning("cannot look for requests of dead dispatchers (%s)", exc)
         return taken_all
 
+    @functools.cached_property
+    def _unknown_until(self) -> dict[str, float]:
+        """Requests whose create got no answer -> until when (monotonic) Ganeti is given to turn
+        it into a job before it may be sent again (``[dispatcher] unknown_outcome_wait``)."""
+        return {}
+
+    def _outcome_unknown(self, request_id: str) -> None:
+        """The create of ``request_id`` got no answer: ask Ganeti (the caller's next round)
+        until its job shows up or ``unknown_outcome_wait`` has passed."""
+        now = time.monotonic()
+        self._check_since[request_id] = now
+        self._unknown_until[request_id] = now + self.settings.dispatcher.unknown_outcome_wait
+
     async def _recover(self, request: Request) -> bool:
-        """A create may have reached Ganeti: ask it. True when settled; False: send it again."""
+        """A create may have reached Ganeti: ask it. True when settled; False: send it again.
+
+        After a lost answer the job list is read again every :data:`UNKNOWN_OUTCOME_POLL`
+        seconds until the job shows up or ``[dispatcher] unknown_outcome_wait`` has passed:
+        ganeti-rapi may put a POST it accepted into the queue long after the client gave up."""
         name = request.backend
         assert name is not None
         if name not in self._backends:
             await self._fail(request, f"backend {name} is no longer configured; its create's fate is unknown")
             return True
         client = await self.client(name)
-        wanted = f"{REASON_PREFIX}{request.id}"
         since = self._check_since.pop(request.id, time.monotonic())
-        if since > time.monotonic():
-            await self._pause(since - time.monotonic())
-            if not self._claiming:
-                return True  # stopping: still placed, the next dispatcher asks Ganeti
-        try:
-            job_id = (await self._jobs_by_reason(name, client, since)).get(wanted)
-            if job_id is not None:
-                log.warning(
-                    "request %s: found as job %d on %s (sent before a crash); recorded",
-                    request.id,
-                    job_id,
-                    name,
-                )
-                self.stats.recovered += 1
-                spec = InstanceSpec.model_validate(request.spec)
-                recorded = await self.store.submitted_request(request.id, job_id, start=spec.start)
-                metrics.REQUESTS.labels("submitted").inc()
-                entry = self._backends.get(name)
-                if entry is not None and entry.tracker is not None:
-                    entry.tracker.track(job_id)
-                if recorded.cancel_requested:  # canceled meanwhile: cancel the job while it is queued
-                    await self._cancel_sent(recorded, client)
-                return True
+        until = self._unknown_until.get(request.id, 0.0)
+        while True:
             try:
-                instance = await client.get_instance(request.instance)
-            except NotFoundError:
-                instance = None
-        except GanetiError as exc:
-            # still placed: the caller's loop asks again (nothing is sent before Ganeti answers)
-            log.warning(
-                "request %s: cannot ask %s about it (%s); asking again shortly", request.id, name, exc
+                settled = await self._look_up(request, name, client, since)
+            except GanetiError as exc:
+                # still placed: the caller's loop asks again (nothing is sent before Ganeti answers)
+                log.warning(
+                    "request %s: cannot ask %s about it (%s); asking again shortly", request.id, name, exc
+                )
+                self._check_since[request.id] = since
+                await self._pause(2.0)
+                return not self._claiming
+            if settled:
+                self._unknown_until.pop(request.id, None)
+                return True
+            left = until - time.monotonic()
+            if left <= 0 or not self._claiming:
+                break
+            log.info(
+                "request %s: no job of it on %s yet; asking again (up to %.0f s more) before sending it again",
+                request.id,
+                name,
+                left,
             )
-            await self._pause(2.0)
-            return not self._claiming
-        if instance is None:
-            await self.store.unplace_request(request.id, self.id, error=None)
-            self.stats.resubmitted += 1
-            log.info("request %s: Ganeti has no job or instance of it; placing it again", request.id)
+            await self._pause(min(UNKNOWN_OUTCOME_POLL, left))
+            since = time.monotonic()
+        if not self._claiming:
+            return True  # stopping: still placed, the next dispatcher asks Ganeti
+        self._unknown_until.pop(request.id, None)
+        await self.store.unplace_request(request.id, self.id, error=None)
+        self.stats.resubmitted += 1
+        log.info("request %s: Ganeti has no job or instance of it; placing it again", request.id)
+        return False
+
+    async def _look_up(self, request: Request, name: str, client: RapiClient, since: float) -> bool:
+        """Ganeti's job or instance of ``request``, recorded or settled: True; nothing: False."""
+        job_id = await self._job_of(request, name, client, since)
+        if job_id is not None:
+            log.warning("request %s: found as job %d on %s; recorded", request.id, job_id, name)
+            self.stats.recovered += 1
+            spec = InstanceSpec.model_validate(request.spec)
+            recorded = await self.store.submitted_request(request.id, job_id, start=spec.start)
+            metrics.REQUESTS.labels("submitted").inc()
+            entry = self._backends.get(name)
+            if entry is not None and entry.tracker is not None:
+                entry.tracker.track(job_id)
+            if recorded.cancel_requested:  # canceled meanwhile: cancel the job while it is queued
+                await self._cancel_sent(recorded, client)
+            return True
+        try:
+            instance = await client.get_instance(request.instance)
+        except NotFoundError:
             return False
         if request_tag(request.id) in instance.tags:
             self.stats.recovered += 1
@@ -122,22 +156,42 @@ class Recovery(BackendWiring):
             await self.store.finish_request(request.id, RequestStatus.SUCCEEDED, dispatcher=self.id)
             metrics.REQUESTS.labels("succeeded").inc()
             log.warning(
-                "request %s: instance %s exists on %s with its tag (job archived); succeeded",
+                "request %s: instance %s exists on %s with its tag (its job archived); succeeded",
                 request.id,
                 request.instance,
                 name,
             )
             return True
+        # someone else's instance holds the name: a conflict, and the row is never adopted
         await self._fail(
             request,
-            f"instance {request.instance} exists on {name} but is not this request's (no tag {request_tag(request.id)})",
+            f"conflict: the name {request.instance} is taken on backend {name} by an instance that is not "
+            f"this request's (it lacks the tag {request_tag(request.id)}); choose another name",
+            instance_status=InstanceStatus.DESTROYED,
         )
         return True
 
-    async def _jobs_by_reason(self, name: str, client: RapiClient, since: float) -> dict[str, int]:
-        """Reason text -> job id of every job Ganeti holds (``GET /2/jobs?bulk=1``), as listed
-        after ``since`` (when the request's fate became unknown: a listing begun before that
-        could miss a create sent just before it).
+    async def _job_of(self, request: Request, name: str, client: RapiClient, since: float) -> int | None:
+        """The job that made (or failed to make) ``request``'s instance: of the jobs carrying its
+        request id, the first that did not fail, else the first whose failure is not a refusal of
+        a duplicate by name (a create sent twice: the second is refused "already in the cluster",
+        and the request's outcome is the first's); None: no such job."""
+        jobs = (await self._jobs_by_reason(name, client, since)).get(f"{REASON_PREFIX}{request.id}", [])
+        for job_id, status in jobs:
+            if status is not JobStatus.ERROR:
+                return job_id
+        for job_id, _status in jobs:
+            failure = (await client.get_job(job_id)).failure
+            if failure is None or not is_name_taken_error(failure.message):
+                return job_id
+        return None
+
+    async def _jobs_by_reason(
+        self, name: str, client: RapiClient, since: float
+    ) -> dict[str, list[tuple[int, JobStatus]]]:
+        """Reason text -> (job id, status) of every job Ganeti holds carrying it, oldest first
+        (``GET /2/jobs?bulk=1``), as listed after ``since`` (when the request's fate became
+        unknown: a listing begun before that could miss a create sent just before it).
 
         After a crash hundreds of requests taken over at once share one listing per backend.
         """
@@ -145,7 +199,9 @@ class Recovery(BackendWiring):
         cached = self._job_listings.get(name)
         if cached is not None and cached[0] >= since:
             return await asyncio.shield(cached[1])
-        task: asyncio.Future[dict[str, int]] = asyncio.ensure_future(self._list_reasons(client))
+        task: asyncio.Future[dict[str, list[tuple[int, JobStatus]]]] = asyncio.ensure_future(
+            self._list_reasons(client)
+        )
         self._job_listings[name] = (now, task)
         try:
             return await asyncio.shield(task)
@@ -154,16 +210,9 @@ class Recovery(BackendWiring):
             raise
 
     @staticmethod
-    async def _list_reasons(client: RapiClient) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for job in await client.list_jobs():
-            for reason in job.request_ids:
-                found.setdefault(reason, job.id)
+    async def _list_reasons(client: RapiClient) -> dict[str, list[tuple[int, JobStatus]]]:
+        found: dict[str, list[tuple[int, JobStatus]]] = {}
+        for job in sorted(await client.list_jobs(), key=lambda job: job.id):
+            for reason in dict.fromkeys(job.request_ids):
+                found.setdefault(reason, []).append((job.id, job.status))
         return found
-
-
-def _settled_after(client: RapiClient) -> float:
-    """When a create whose answer was lost is surely in Ganeti's job list if Ganeti took it: a
-    ganeti-rapi slower than our timeout may still be queueing it, and asking before it is done
-    would find nothing and send the create again."""
-    return time.monotonic() + min(float(client.timeout), 60.0)

@@ -13,7 +13,7 @@ import time
 from synnefo_ganeti import metrics
 from synnefo_ganeti._backoff import Backoff
 from synnefo_ganeti.allocate import NoCapacityError, Requirement, Reservation, chooses_nodes, placed_spec
-from synnefo_ganeti.dispatch._recovery import TAKEOVER_CHECK, Recovery, _settled_after
+from synnefo_ganeti.dispatch._recovery import TAKEOVER_CHECK, Recovery
 from synnefo_ganeti.dispatch._room import RoomQueue
 from synnefo_ganeti.errors import (
     AuthenticationError,
@@ -236,7 +236,8 @@ class Submitter(Recovery):
             async with entry.submit_slots:
                 job_id = await client.create_instance(submitted, request_id=request.id)
         except CreateOutcomeUnknownError as exc:
-            self._check_since[request.id] = _settled_after(client)
+            self._outcome_unknown(request.id)
+            self._leave_out(name)  # its creates go unanswered: the others take the next ones
             self.allocator.release(reservation)
             metrics.SUBMISSIONS.labels(name, "unknown").inc()
             log.warning(
@@ -255,7 +256,7 @@ class Submitter(Recovery):
             if is_transient(exc):
                 # Sent, maybe: the client's own look found nothing, but a slow Ganeti may take it
                 # yet. The request stays placed; _recover asks Ganeti again before it goes elsewhere.
-                self._check_since[request.id] = _settled_after(client)
+                self._outcome_unknown(request.id)
                 self._leave_out(name)
                 metrics.SUBMISSIONS.labels(name, "unknown").inc()
                 log.warning(

@@ -18,11 +18,17 @@ unlike Ganeti's own client).
 
 Creates are never sent twice blindly. Each create carries a request id in its
 reason trail (``?reason=synnefo-ganeti:<id>``, stored by Ganeti as
-``["gnt:user", "synnefo-ganeti:<id>", ts]`` in the job's op). When a create's
-outcome is unknown (the connection broke or timed out after sending, a 502/504,
-or a success answer that is not a job id), the client searches the job list for
-that id before sending again (or before giving up). Every other write is sent
-again only when it surely did not reach Ganeti (:func:`~._retry.is_unsent`).
+``["gnt:user", "synnefo-ganeti:<id>", ts]`` in the job's op). A create is sent again only
+when it surely did not reach Ganeti: no connection, a 503 (answered before anything is
+submitted), or a 502 (ganeti-rapi could not reach its master daemon) after the job list
+shows no job carrying its id. When its outcome is unknown (the connection broke or timed
+out after sending, a 504, a success answer that is not a job id) the client looks for the
+job once and, not finding it, raises :class:`CreateOutcomeUnknownError`: ganeti-rapi forks
+per connection, and a POST it accepted can reach the queue long after the client gave up
+(over 30 s with a node down), so "no job yet" never means "not sent". The dispatcher then
+looks again until the job appears or ``[dispatcher] unknown_outcome_wait`` has passed.
+Every other write is sent again only when it surely did not reach Ganeti
+(:func:`~._retry.is_unsent`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from synnefo_ganeti.errors import (
     NotFoundError,
     RapiError,
     RapiTimeoutError,
+    UnavailableError,
 )
 from synnefo_ganeti.rapi._api_cluster import ClusterApi
 from synnefo_ganeti.rapi._api_groups import GroupApi
@@ -198,17 +205,25 @@ class RapiClient(ClusterApi, InstanceApi, InstanceOpsApi, NodeApi, GroupApi, Net
                 answer = await self._transport.request("POST", "/2/instances", query=query, body=body)
                 return self._job_id(answer, "POST /2/instances")
             except GanetiError as exc:
-                if is_unsent(exc):
-                    pass  # never reached Ganeti: sending again is safe
-                elif is_transient(exc) or _garbled(exc):
+                if not is_unsent(exc):
+                    if not (is_transient(exc) or _garbled(exc)):
+                        raise  # Ganeti answered: a refusal
                     found = await self._find_create(rid, spec.name, dry_run=dry_run, cause=exc)
                     if found is not None:
                         logger.info("%s: create %s was submitted after all, as job %d", self.url, rid, found)
                         return found
-                    if not is_transient(exc):
-                        raise  # an answer that is not a job id is not worth sending again
-                else:
-                    raise
+                    if not _no_master(exc):
+                        # Sent, maybe: ganeti-rapi forks per connection, and a POST it accepted
+                        # reaches the queue even after we gave up (over 30 s later with a node
+                        # down). "No job yet" is not "not sent": never send it again from here.
+                        raise CreateOutcomeUnknownError(
+                            f"{self.where}: the create of {spec.name} (request {rid}) got no answer ({exc}) "
+                            "and no job carries its request id yet; Ganeti may still be queueing it, so it "
+                            f"was not sent again: look for a job whose reason is '{REASON_PREFIX}{rid}' "
+                            "(again a minute later) before creating it again",
+                            url=self.url,
+                            request_id=rid,
+                        ) from exc
                 delay = next(delays, None)
                 if delay is None:
                     raise
@@ -396,6 +411,12 @@ class RapiClient(ClusterApi, InstanceApi, InstanceOpsApi, NodeApi, GroupApi, Net
         raise RapiError(
             f"{self.where}: DELETE {path} answered {answer!r}, not [success, message]", url=self.url
         )
+
+
+def _no_master(error: GanetiError) -> bool:
+    """A 502: ganeti-rapi could not reach its master daemon (``luxi.NoMasterError``, answered
+    before anything is submitted: ``rapi/baserlib.py``), so a create with no job is not in Ganeti."""
+    return isinstance(error, UnavailableError) and error.status == 502
 
 
 def _garbled(error: GanetiError) -> bool:

@@ -34,7 +34,7 @@ from synnefo_ganeti.store._outcomes import (
 )
 from synnefo_ganeti.store._recorded import notify_job_recorded
 from synnefo_ganeti.store._schema import Backend, Instance, InstanceJob, Job
-from synnefo_ganeti.store._settle import settle_requests
+from synnefo_ganeti.store._settle import requests_refused_by_name, settle_requests
 
 __all__ = [
     "InstanceAction",
@@ -261,11 +261,20 @@ def apply_final_jobs(
             applied: list[dict[str, Any]] = []
             moved: dict[tuple[str, ...], list[dict[str, Any]]] = {}
             current = changed_columns(conn, rows, summaries)
+            # a request's create refused by name made nothing: the dispatcher asks Ganeti whose
+            # instance holds the name (its own first create's, or someone else's) and settles it
+            refused = requests_refused_by_name(conn, backend_id, rows, summaries)
             for row in rows:
                 summary = summaries[row.job_id]
                 applied.append(
                     {"b_backend": backend_id, "b_job": row.job_id, "b_result": summary.status.value}
                 )
+                if row.job_id in refused:
+                    freed: dict[str, Any] = {}
+                    if row.task_job_id == row.job_id:
+                        freed = {"task": None, "task_job_id": None, "updated_at": now}
+                        moved.setdefault(tuple(sorted(freed)), []).append({**freed, "b_row": row.instance_id})
+                    continue
                 values = _after(row, summary, now, current.get(row.instance_id))
                 if "name" in values:
                     values = renamed(conn, backend_id, row.instance_id, values, summary.job_id, now)

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, TypedDict, Unpack
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 
 from synnefo_ganeti.errors import ConflictError
@@ -240,13 +240,19 @@ class Requests:
                 backend_id = conn.execute(
                     select(backends_t.c.id).where(backends_t.c.name == request.backend)
                 ).scalar_one()
+                # the row it placed: its create never sent; or, placed again after Ganeti refused
+                # its create by name (a job that made nothing), the row that job was recorded on
+                which = (
+                    instances_t.c.uuid == request.instance_id
+                    if request.placed and request.instance_id is not None
+                    else and_(instances_t.c.name == request.instance, instances_t.c.create_job_id.is_(None))
+                )
                 conn.execute(
                     update(instances_t)
                     .where(
                         instances_t.c.backend_id == backend_id,
-                        instances_t.c.name == request.instance,
+                        which,
                         instances_t.c.status == InstanceStatus.BUILD.value,
-                        instances_t.c.create_job_id.is_(None),
                     )
                     .values(
                         status=instance_status.value,

@@ -24,6 +24,7 @@ __all__ = [
     "attempt_error",
     "is_backend_error",
     "is_capacity_error",
+    "is_name_taken_error",
     "settle_by_instance",
     "settle_job",
     "settle_requests",
@@ -55,6 +56,25 @@ def settle_requests(
     for row in rows:
         summary = by_job[row.job_id]
         status, error = _outcome(summary)
+        if status is RequestStatus.FAILED and is_name_taken_error(error):
+            # Ganeti refused it by name: a duplicate of this request's own create (sent again
+            # after an answer was lost; the request's outcome is then the first job's) or
+            # someone else's instance. Placed again on this backend, unsubmitted: the
+            # dispatcher asks Ganeti which (the jobs carrying its id, the instance's tags).
+            conn.execute(
+                update(requests_t)
+                .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
+                .values(
+                    status=RequestStatus.PENDING.value,
+                    job_id=None,
+                    claimed_by=None,
+                    claimed_at=None,
+                    submitted_at=None,
+                    error=f"job {row.job_id} was refused ({error}); asking Ganeti whose instance holds the name",
+                    updated_at=now,
+                )
+            )
+            continue
         if status is not RequestStatus.FAILED:
             ended.append({"b_id": row.id, "b_status": status.value, "b_error": error, "b_now": now})
             continue
@@ -110,6 +130,22 @@ def attempt_error(row: Any, backend: str, error: str | None, now: datetime) -> d
         "error": error,
         "at": now.isoformat(),
     }
+
+
+def requests_refused_by_name(
+    conn: Connection, backend_id: int, rows: Iterable[Any], summaries: dict[int, JobSummary]
+) -> set[int]:
+    """Of the create jobs among ``rows`` (instance-job rows with ``job_id`` and ``action``), those
+    that Ganeti refused by name and that a submitted request waits on (read only when one was)."""
+    refused = [
+        row.job_id
+        for row in rows
+        if row.action == "create" and is_name_taken_error(_outcome(summaries[row.job_id])[1])
+    ]
+    if not refused:
+        return set()
+    found = conn.execute(_SUBMITTED, {"b_backend": backend_id, "b_jobs": refused}).all()
+    return {row.job_id for row in found}
 
 
 # (many at once: a burst's job ends arrive together)
@@ -192,6 +228,13 @@ _BACKEND_ERRORS = (
     "violates policy",
     "is not enabled in cluster",
 )
+
+
+def is_name_taken_error(message: str | None) -> bool:
+    """Whether a failed create's message is Ganeti's refusal of a name it holds already
+    (``LUInstanceCreate.CheckPrereq``: "Instance '...' is already in the cluster", ECODE_EXISTS):
+    the create made nothing, and the instance of that name is another job's."""
+    return "is already in the cluster" in (message or "")
 
 
 def is_backend_error(message: str | None) -> bool:
