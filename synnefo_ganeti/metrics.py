@@ -24,6 +24,7 @@ __all__ = [
     "REGISTRY",
     "REQUESTS",
     "REQUESTS_PENDING",
+    "RESERVATIONS_RECLAIMED",
     "STORE_EVENTS",
     "STORE_PENDING",
     "STORE_VERSIONS",
@@ -114,6 +115,12 @@ SUBMISSIONS = Counter(
     "synnefo_ganeti_submissions",
     "Submissions of requests to a backend, by outcome (ok, refused, unknown, error)",
     ["backend", "outcome"],
+    registry=REGISTRY,
+)
+RESERVATIONS_RECLAIMED = Counter(
+    "synnefo_ganeti_reservations_reclaimed",
+    "Reservations of submitted creates given back because their request ended (or went elsewhere) "
+    "without the dispatcher seeing the job's end (a job the backend lost)",
     registry=REGISTRY,
 )
 REQUESTS_PENDING = Gauge(

@@ -48,12 +48,61 @@ OUTAGE_BACKOFF = (0.5, 10.0)
 PLACEMENT_BACKOFF = (0.5, 10.0)
 
 
+#: seconds between looks for reservations whose request ended without their job's end being seen
+SWEEP_INTERVAL = 5.0
+#: a submitted create's reservation is checked against the store once it is this old (seconds)
+SWEEP_AFTER = 10.0
+
+
 class _NoRoom(str):
     """Why a request was not placed: no backend has room for it now."""
 
 
 class Submitter(Recovery):
     """Claim, place, submit, record: one task per claimed request."""
+
+    @functools.cached_property
+    def _submitted_at(self) -> dict[tuple[str, int], float]:
+        """(backend, job id) of a submitted create -> when it was submitted (monotonic)."""
+        return {}
+
+    async def _sweep_reservations(self) -> int:
+        """Give back the reservations of creates whose request ended, or went elsewhere, without
+        this dispatcher seeing the job's end: the job vanished (a backend restored from a backup,
+        a fake restarted empty) and the reconciler settled the request, or another process did.
+        Without this their room stays "pending" for ever and placement waits on room that only
+        phantom reservations hold. Returns how many were given back."""
+        now = time.monotonic()
+        due = [
+            (key, request_id)
+            for key, request_id in self._job_requests.items()
+            if now - self._submitted_at.get(key, now) >= SWEEP_AFTER
+        ]
+        given_back = 0
+        for key, request_id in due:
+            request = await self.store.get_request(request_id)
+            if request is not None and not request.is_final and (request.backend, request.job_id) == key:
+                continue  # still waiting on that job
+            reservation = self._jobs.pop(key, None)
+            self._job_requests.pop(key, None)
+            self._submitted_at.pop(key, None)
+            if reservation is not None:
+                self.allocator.release(reservation)
+                given_back += 1
+                state = "gone" if request is None else request.status.value
+                log.warning(
+                    "request %s: its create job %d on %s never reported its end here (the request is %s); "
+                    "its reservation is given back",
+                    request_id,
+                    key[1],
+                    key[0],
+                    state,
+                )
+        if given_back:
+            metrics.RESERVATIONS_RECLAIMED.inc(given_back)
+            self._wake.set()
+            self._room.free(given_back)
+        return given_back
 
     @functools.cached_property
     def _room(self) -> RoomQueue:
@@ -75,7 +124,7 @@ class Submitter(Recovery):
     async def _submit_loop(self) -> None:
         self._spawn_taken(await self._take_over_dead())
         options = self.settings.dispatcher
-        last_takeover = time.monotonic()
+        last_takeover = last_sweep = time.monotonic()
         while self._claiming:
             room = self._capacity() - len(self._inflight)
             claimed: list[Request] = []
@@ -95,6 +144,12 @@ class Submitter(Recovery):
             ):
                 self._spawn_taken(await self._take_over_dead())
                 last_takeover = time.monotonic()
+            if time.monotonic() - last_sweep >= SWEEP_INTERVAL and self._job_requests:
+                last_sweep = time.monotonic()
+                try:
+                    await self._sweep_reservations()
+                except GanetiError as exc:
+                    log.warning("cannot look for reservations of ended requests (%s); trying again", exc)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(options.poll_interval):
@@ -268,6 +323,7 @@ class Submitter(Recovery):
             return None
         self._jobs[(name, job_id)] = reservation
         self._job_requests[(name, job_id)] = request.id
+        self._submitted_at[(name, job_id)] = time.monotonic()
         self.allocator.submitted(reservation)
         recorded = await self.store.submitted_request(request.id, job_id, start=spec.start)
         self.stats.submitted += 1
@@ -314,6 +370,7 @@ class Submitter(Recovery):
                 self._note_node_faults(backend, summary)
             reservation = self._jobs.pop((backend, summary.job_id), None)
             request_id = self._job_requests.pop((backend, summary.job_id), None)
+            self._submitted_at.pop((backend, summary.job_id), None)
             if reservation is None:
                 continue
             ended += 1
