@@ -22,7 +22,8 @@ can catch everything with one ``except`` clause, or pick the branch it can act o
     │   ├── TLSError                certificate verification or fingerprint mismatch
     │   └── RapiConnectionError     refused, reset or closed connection
     ├── NoCapacityError             no backend can take the spec; ``.reasons`` per backend
-    ├── CreateOutcomeUnknownError   a create was sent, its fate could not be established
+    ├── OutcomeUnknownError         a write was sent, its answer lost, and no job shows it yet; ``.reason``
+    │   └── CreateOutcomeUnknownError   a create's; ``.request_id``
     ├── JobFailedError              a job ended in ``error``; ``.ecode`` as Ganeti gives it
     ├── RequestTimeoutError         ``wait_request`` gave up waiting (also ``TimeoutError``)
     └── StoreError                  the database could not do it: unreachable, locked, other schema (503)
@@ -56,6 +57,7 @@ __all__ = [
     "JobNotFoundError",
     "NoCapacityError",
     "NotFoundError",
+    "OutcomeUnknownError",
     "RapiConnectionError",
     "RapiError",
     "RapiNotFoundError",
@@ -195,15 +197,28 @@ class ConfigError(InvalidError):
     """A setting is wrong (a missing CA file, a malformed fingerprint, ...); the message names it."""
 
 
-class CreateOutcomeUnknownError(GanetiError):
+class OutcomeUnknownError(GanetiError):
+    """A write was sent, its answer was lost (a timeout, a broken connection, a 504), and no job
+    carrying its reason shows its fate yet: it may still become a job (ganeti-rapi queues a request
+    it accepted even after the client gave up). Never "not sent": look for a job whose reason
+    trail holds ``reason`` before doing it again.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, reason: str) -> None:
+        super().__init__(message, url=url)
+        self.reason = reason
+
+
+class CreateOutcomeUnknownError(OutcomeUnknownError):
     """A create was sent, the answer was lost, and no job or instance shows its fate.
 
     ``request_id`` is the id the create carried in its reason trail
-    (``gnt:user`` / ``synnefo-ganeti:<request_id>``); search for it before retrying by hand.
+    (``gnt:user`` / ``synnefo-ganeti:<request_id>``, the ``reason``); search for it before
+    retrying by hand.
     """
 
     def __init__(self, message: str, *, url: str | None = None, request_id: str) -> None:
-        super().__init__(message, url=url)
+        super().__init__(message, url=url, reason=f"synnefo-ganeti:{request_id}")
         self.request_id = request_id
 
 

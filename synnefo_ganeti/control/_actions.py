@@ -7,7 +7,12 @@ transaction (a task in progress is a :class:`ConflictError`, raised before anyth
 sent to Ganeti), the job is submitted, and the job is recorded (``task_job_id``); its
 end, applied by the writer, clears the task and sets or clears ``last_error``. A submit
 that fails gives the reservation back; one Ganeti refused (a :class:`RapiError`) also
-sets ``last_error``.
+sets ``last_error``. Each action's writes carry a reason of their own
+(``?reason=synnefo-ganeti:<action>:<id>``, :func:`~synnefo_ganeti.rapi.job_reason`): when the
+answer is lost after sending (a timeout, a broken connection, a 504), the job list is read for
+it, and the job found is recorded and followed like any other; none found is an
+:class:`~synnefo_ganeti.errors.OutcomeUnknownError` (the reservation given back, ``last_error``
+saying so), never a failure.
 
 Deletes follow what Synnefo expects:
 
@@ -31,13 +36,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy import Connection
 
-from synnefo_ganeti.errors import ConflictError, RapiError, RapiNotFoundError
-from synnefo_ganeti.rapi import RapiClient
+from synnefo_ganeti.errors import (
+    ConflictError,
+    GanetiError,
+    OutcomeUnknownError,
+    RapiError,
+    RapiNotFoundError,
+)
+from synnefo_ganeti.rapi import REASON_PREFIX, RapiClient, is_transient, is_unsent, job_reason
 from synnefo_ganeti.store import InstanceAction, InstanceStatus, Store, StoredInstance
 from synnefo_ganeti.store._instances import get_instance_row
 from synnefo_ganeti.store._tasks import Reservation, destroy_missing, release_task, reserve_task
@@ -88,7 +100,7 @@ async def _release(
     store: Store, backend: str, name: str, action: InstanceAction, exc: BaseException | None
 ) -> None:
     """Give the reservation back after a failed submit (shielded: a cancelled caller too)."""
-    error = str(exc) if isinstance(exc, RapiError) else None
+    error = str(exc) if isinstance(exc, RapiError | OutcomeUnknownError) else None
     backend_id = await store.ensure_backend(backend)
     release = store.call(lambda conn: release_task(conn, backend_id, backend, name, action, error=error))
     await asyncio.shield(release)
@@ -104,13 +116,49 @@ async def _submit_reserved(
     params: dict[str, Any] | None,
     start: bool | None = None,
 ) -> int:
+    reason = f"{REASON_PREFIX}{action.value}:{uuid.uuid4().hex}"
     try:
-        job_id = await call(client)
+        with job_reason(reason):
+            job_id = await call(client)
+    except GanetiError as exc:
+        if is_unsent(exc) or not (is_transient(exc) or _garbled(exc)):
+            await _release(store, backend, name, action, exc)
+            raise
+        # the answer was lost after sending: the job may be in Ganeti (or reach it later)
+        found = await _find_job(client, reason)
+        if found is None:
+            unknown = OutcomeUnknownError(
+                f"{client.where}: the {action.value} of {name} got no answer ({exc}) and no job carries its "
+                f"reason '{reason}' yet: it may still run (Ganeti can queue it after the answer was lost); "
+                "look for that job before doing it again",
+                url=client.url,
+                reason=reason,
+            )
+            await _release(store, backend, name, action, unknown)
+            raise unknown from exc
+        log.warning(
+            "%s of %s on %s: the answer was lost, found as job %d", action.value, name, backend, found
+        )
+        job_id = found
     except BaseException as exc:
         await _release(store, backend, name, action, exc)
         raise
     await store.record_instance_job(backend, name, job_id, action, params=params, start=start)
     return job_id
+
+
+async def _find_job(client: RapiClient, reason: str) -> int | None:
+    """The job whose reason trail holds ``reason``, or None (also when Ganeti cannot be asked)."""
+    try:
+        jobs = await client.list_jobs()
+    except GanetiError:
+        return None
+    return next((job.id for job in jobs if reason in job.request_ids), None)
+
+
+def _garbled(error: GanetiError) -> bool:
+    """A success answer that is not a job id: Ganeti may hold the job."""
+    return type(error) is RapiError and (error.status is None or error.status < 400)
 
 
 async def run_action(

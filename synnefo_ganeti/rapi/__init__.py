@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi._api_query import cell_values
-from synnefo_ganeti.rapi._calls import REASON_PREFIX, CreateProgress, NodeRole, RebootType, new_request_id
+from synnefo_ganeti.rapi._calls import (
+    REASON_PREFIX,
+    CreateProgress,
+    NodeRole,
+    RebootType,
+    job_reason,
+    new_request_id,
+)
 from synnefo_ganeti.rapi._client import RapiClient
 from synnefo_ganeti.rapi._models import (
     CancelResult,
@@ -56,6 +63,7 @@ __all__ = [
     "cell_values",
     "is_transient",
     "is_unsent",
+    "job_reason",
     "new_request_id",
     "parse_fingerprint",
 ]

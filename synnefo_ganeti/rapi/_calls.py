@@ -8,6 +8,9 @@ The modes are Ganeti 3.0's (``lib/_constants.py``: ``REPLACE_MODES``, ``NODE_EVA
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,11 +31,43 @@ __all__ = [
     "CreateProgress",
     "NodeRole",
     "RebootType",
+    "job_reason",
     "new_request_id",
+    "with_job_reason",
 ]
 
 #: the reason-trail prefix a create's request id travels under (``synnefo-ganeti:<id>``)
 REASON_PREFIX = "synnefo-ganeti:"
+_JOB_REASON: ContextVar[str | None] = ContextVar("synnefo_ganeti_job_reason", default=None)
+
+
+@contextmanager
+def job_reason(reason: str) -> Iterator[None]:
+    """Every write sent from this task inside the block carries ``?reason=<reason>`` (unless the
+    call names its own), so that the job it makes can be found by it in Ganeti's job list
+    (``Job.request_ids``) when its answer is lost. Reads are left as they are."""
+    token = _JOB_REASON.set(reason)
+    try:
+        yield
+    finally:
+        _JOB_REASON.reset(token)
+
+
+def with_job_reason(
+    method: str, path: str, query: Mapping[str, str] | Sequence[tuple[str, str]] | None, *, body: bool
+) -> Mapping[str, str] | Sequence[tuple[str, str]] | None:
+    """``query`` with the reason of :func:`job_reason`, for a write that names none. Not for a
+    reinstall with a body: Ganeti's ``R_2_instances_name_reinstall.POST`` refuses any query
+    argument beside one ("Can't combine query and body parameters")."""
+    reason = _JOB_REASON.get()
+    if reason is None or method == "GET" or (body and path.endswith("/reinstall")):
+        return query
+    pairs = list(query.items()) if isinstance(query, Mapping) else list(query or ())
+    if any(name == "reason" for name, _ in pairs):
+        return query
+    return [*pairs, ("reason", reason)]
+
+
 #: how ``reboot_instance`` reboots: the OS only, the VM, or the VM with its configuration re-read
 RebootType = Literal["soft", "hard", "full"]
 #: a node's role as ``GET /2/nodes/NAME/role`` answers it

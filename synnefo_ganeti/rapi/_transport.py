@@ -59,6 +59,7 @@ from synnefo_ganeti.errors import (
     UnavailableError,
 )
 from synnefo_ganeti.metrics import RAPI_LATENCY, RAPI_REQUESTS
+from synnefo_ganeti.rapi._calls import with_job_reason
 from synnefo_ganeti.rapi._tls import TLSConfig
 
 __all__ = ["QueryArgs", "Transport"]
@@ -200,6 +201,7 @@ class Transport:
     ) -> Any:
         assert self._session is not None
         url = URL(self._base + path, encoded=True)
+        query = with_job_reason(method, path, query, body=body is not _NO_BODY)
         if query:
             url = url.with_query(query)
         headers = {"Authorization": self._auth_header}

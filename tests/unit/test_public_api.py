@@ -16,7 +16,7 @@ def test_top_level_exports_are_pinned() -> None:
             "ConfigError", "ConflictError", "ControlPlane", "CreateOutcomeUnknownError", "CreateProgress",
             "GanetiError", "Instance", "InstanceConsole", "InstanceSpec", "InstanceStatus", "InvalidError", "Job", "JobFailedError",
             "JobFailure", "JobFileError", "JobNotFoundError", "JobStatus", "LogEntry", "NoCapacityError", "Node",
-            "NotFoundError", "RapiClient", "RapiConnectionError", "RapiError", "RapiNotFoundError",
+            "NotFoundError", "OutcomeUnknownError", "RapiClient", "RapiConnectionError", "RapiError", "RapiNotFoundError",
             "RapiTimeoutError", "RebootType", "Request", "RequestNotHeldError", "RequestStatus",
             "RequestTimeoutError", "RetryPolicy", "Settings", "StoreError", "StoredInstance", "StoredNetwork", "NetworkState", "TLSError",
             "Timestamp", "TransportError", "UnavailableError", "ValidationError", "__version__", "calc_job_status",
@@ -33,7 +33,7 @@ def test_rapi_names_are_reexported_from_the_package() -> None:
 
 def test_every_error_derives_from_ganeti_error() -> None:
     errors = [getattr(synnefo_ganeti, n) for n in synnefo_ganeti.__all__ if n.endswith("Error")]
-    assert len(errors) == 23
+    assert len(errors) == 24
     for cls in errors:
         assert issubclass(cls, synnefo_ganeti.GanetiError), cls
         assert getattr(synnefo_ganeti.errors, cls.__name__) is cls
@@ -50,6 +50,7 @@ def test_errors_a_caller_acts_on_are_types() -> None:
     assert issubclass(e.RapiNotFoundError, e.NotFoundError) and issubclass(e.RapiNotFoundError, e.RapiError)
     assert issubclass(e.JobNotFoundError, e.NotFoundError)
     assert issubclass(e.RequestNotHeldError, e.ConflictError)
+    assert issubclass(e.CreateOutcomeUnknownError, e.OutcomeUnknownError)
     for invalid in (e.ConfigError, e.JobFileError, e.BadRequestError, e.ValidationError):
         assert issubclass(invalid, e.InvalidError) and issubclass(invalid, ValueError)
     kinds = (e.NotFoundError, e.ConflictError, e.InvalidError, e.StoreError)
