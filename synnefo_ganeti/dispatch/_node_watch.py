@@ -9,7 +9,7 @@ too seldom to notice. So this mixin adds three signs, each acted on at once in t
 
 * its root task ``dispatch nodes`` reads every healthy backend's nodes (``/2/nodes?bulk=1``
   alone: on a healthy cluster a tenth of a second; 5 s while a node is dead, Ganeti's RPC
-  timeout) every ``health_interval``: a node without its memory figures is down, one marked
+  timeout) every ``health_interval`` (5 s at most): a node without its memory figures is down, one marked
   offline is offline, one with its figures again is back (the whole stats are read then);
 * the whole stats read tells the same (:meth:`_nodes_read`);
 * a job of any kind that ends with an error naming a node (an RPC to it failed, Ganeti refused
@@ -48,6 +48,10 @@ log = logging.getLogger("synnefo_ganeti.dispatch")
 
 #: the name of the node reader's root task
 NODES_TASK = "dispatch nodes"
+#: seconds between reads of a backend's nodes at most (``health_interval`` when shorter): a read
+#: takes 5 s on Ganeti while a node is dead (its RPC timeout), so a node that dies just after a
+#: read begins is out of placement within about 10 s
+NODES_READ_EVERY = 5.0
 
 
 class NodeWatch(DispatcherBase):
@@ -92,13 +96,13 @@ class NodeWatch(DispatcherBase):
     # -- reads -------------------------------------------------------------------------------------
 
     async def _nodes_loop(self) -> None:
-        """Read every healthy backend's nodes each ``health_interval``; write the signs that came
+        """Read every healthy backend's nodes each ``health_interval`` (5 s at most); write the signs that came
         meanwhile as they come."""
         options = self.settings.dispatcher
         next_read = 0.0
         while True:
             if time.monotonic() >= next_read:
-                next_read = time.monotonic() + options.health_interval
+                next_read = time.monotonic() + min(options.health_interval, NODES_READ_EVERY)
                 up = [n for n in self._backends if self.health is None or self.health.tracker.is_up(n)]
                 await asyncio.gather(*(self._read_nodes(name) for name in up))
             self._node_wake.clear()
