@@ -17,7 +17,7 @@ from it, fails the creates placed on it); every RPC to it then takes ``--rpc-tim
 (default 1 s; Ganeti's connect timeout is 5 s, which makes the crash run about 100 s), so every
 read of live node figures from that cluster waits that long too, and so does each create on
 it before it fails: a create naming its ``pnode`` holds that node's lock, so the creates
-already queued on the dead node fail one after the other, one per RPC timeout. Then the same
+already queued on the dead node fail one after the other (docs/benchmarks.md). Then the same
 run again, fresh fakes and store, without the crash.
 
 Figures (one JSON object on stdout, progress on stderr), counted from the fakes' own state
