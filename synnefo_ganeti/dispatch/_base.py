@@ -55,6 +55,7 @@ class DispatcherStats:
     canceled: int = 0
     placement_retries: int = 0
     capacity_retries: int = 0  # creates that failed for lack of room, placed again
+    moved: int = 0  # creates canceled while queued on a node that went down, placed again
     node_retries: int = 0  # creates that failed because of their node (down, offline), placed again
     reconcile_passes: int = 0
     started_at: float = field(default_factory=time.time)

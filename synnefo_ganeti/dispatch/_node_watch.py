@@ -63,6 +63,10 @@ class NodeWatch(DispatcherBase):
         """A final job of ``backend`` ended: the first node its errors blame, marked in the
         allocator now and written soon (never blocks: called in the writer's ``on_commit``)."""
         first: NodeFault | None = None
+        if summary.end_time is not None and summary.end_time < self.stats.started_at:
+            # a job that ended before this dispatcher started (its queue read at start): history,
+            # not a sign; the node reads tell how the node is now
+            return None
         for op in summary.ops:
             fault = node_fault(op.error)
             if fault is None or backend not in self._backends:
@@ -80,7 +84,12 @@ class NodeWatch(DispatcherBase):
                 self._node_wake.set()
         return first
 
+    def _node_left(self, change: NodeChange) -> None:
+        """A node went down or offline (see :class:`~synnefo_ganeti.dispatch._moves.NodeMoves`)."""
+
     def _node_changed(self, change: NodeChange) -> None:
+        if change.state is not None:
+            self._node_left(change)
         if change.state is None:
             log.warning("backend %s: node %s is up again (%s)", change.backend, change.node, change.detail)
             self._wake.set()  # requests waiting for room may fit now

@@ -10,7 +10,7 @@ import logging
 import time
 
 from synnefo_ganeti import metrics
-from synnefo_ganeti.dispatch._wiring import BackendWiring
+from synnefo_ganeti.dispatch._moves import NodeMoves
 from synnefo_ganeti.errors import GanetiError, NotFoundError
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import REASON_PREFIX, InstanceSpec, RapiClient
@@ -28,7 +28,7 @@ TAKEOVER_CONFIRM = 2.5
 UNKNOWN_OUTCOME_POLL = 2.0
 
 
-class Recovery(BackendWiring):
+class Recovery(NodeMoves):
     """Take-over of dead dispatchers' requests and the look in Ganeti before a create is re-sent."""
 
     async def _take_over_dead(self) -> list[Request]:

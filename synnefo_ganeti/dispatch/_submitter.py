@@ -386,6 +386,8 @@ class Submitter(Recovery):
                 self.stats.node_retries += 1  # placed again; its node is out (_note_node_faults)
             elif not ok and is_backend_error(error):
                 pass  # placed again (another backend): counted when it ends
+            elif (backend, summary.job_id) in self._moved_jobs:
+                self._moved_jobs.discard((backend, summary.job_id))  # canceled to be placed again
             else:
                 metrics.REQUESTS.labels(_REQUEST_END.get(summary.status, "failed")).inc()
             seconds = None

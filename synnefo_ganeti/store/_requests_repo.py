@@ -16,7 +16,7 @@ from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 
 from synnefo_ganeti.errors import ConflictError
-from synnefo_ganeti.store import _requests
+from synnefo_ganeti.store import _requests, _settle
 from synnefo_ganeti.store._backends import Backends, backends_t
 from synnefo_ganeti.store._batch import Batched
 from synnefo_ganeti.store._engine import Database
@@ -264,6 +264,15 @@ class Requests:
             return _requests.finish(conn, request_id, final, error=error, dispatcher=dispatcher)
 
         return await self.writer.call(run)
+
+    async def mark_moving(self, request_id: str, job_id: int, *, backend: str, node: str, why: str) -> bool:
+        def run(conn: Connection) -> bool:
+            return _settle.mark_moving(conn, request_id, job_id, backend=backend, node=node, why=why)
+
+        return await self.writer.call(run)
+
+    async def unmark_moving(self, request_id: str, job_id: int) -> bool:
+        return await self.writer.call(lambda conn: _settle.unmark_moving(conn, request_id, job_id))
 
     async def cancel(self, request_id: str) -> tuple[Request, bool]:
         return await self.writer.call(lambda conn: _requests.request_cancel(conn, request_id))

@@ -34,7 +34,11 @@ __all__ = [
 #: the submitted requests of some create jobs of a backend (built once: read for every batch
 #: of job ends)
 _SUBMITTED = select(
-    requests_t.c.id, requests_t.c.job_id, requests_t.c.attempts, requests_t.c.attempt_errors
+    requests_t.c.id,
+    requests_t.c.job_id,
+    requests_t.c.attempts,
+    requests_t.c.attempt_errors,
+    requests_t.c.cancel_requested,
 ).where(
     requests_t.c.backend_id == bindparam("b_backend"),
     requests_t.c.job_id.in_(bindparam("b_jobs", expanding=True)),
@@ -71,6 +75,24 @@ def settle_requests(
                     claimed_at=None,
                     submitted_at=None,
                     error=f"job {row.job_id} was refused ({error}); asking Ganeti whose instance holds the name",
+                    updated_at=now,
+                )
+            )
+            continue
+        if status is RequestStatus.CANCELED and not row.cancel_requested and _moving(row) is not None:
+            # canceled by the dispatcher while still queued on a node that went down: Ganeti
+            # made nothing, and the request goes back to be placed elsewhere
+            conn.execute(
+                update(requests_t)
+                .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
+                .values(
+                    status=RequestStatus.PENDING.value,
+                    backend_id=None,
+                    job_id=None,
+                    claimed_by=None,
+                    claimed_at=None,
+                    submitted_at=None,
+                    error=f"job {row.job_id} was canceled while queued ({_moving(row)}); placing it again",
                     updated_at=now,
                 )
             )
@@ -117,6 +139,58 @@ def settle_requests(
 
 
 _BACKEND_NAME = select(backends_t.c.name).where(backends_t.c.id == bindparam("b_backend"))
+
+
+def _moving(row: Any) -> str | None:
+    """Why the dispatcher canceled the request's create job ``row.job_id`` to place it again
+    (:func:`mark_moving`), or None."""
+    last = (row.attempt_errors or [None])[-1]
+    if isinstance(last, dict) and last.get("moved") and last.get("job_id") == row.job_id:
+        return str(last.get("error"))
+    return None
+
+
+def mark_moving(conn: Connection, request_id: str, job_id: int, *, backend: str, node: str, why: str) -> bool:
+    """The attempt error that tells :func:`settle_requests` the canceled ``job_id`` is to be placed
+    again (``"moved": True``); False when the request no longer waits on that job."""
+    row = conn.execute(
+        select(requests_t.c.attempts, requests_t.c.attempt_errors).where(
+            requests_t.c.id == request_id,
+            requests_t.c.status == RequestStatus.SUBMITTED.value,
+            requests_t.c.job_id == job_id,
+        )
+    ).first()
+    if row is None:
+        return False
+    now = datetime.now(UTC)
+    entry = {
+        "attempt": int(row.attempts or 0),
+        "backend": backend,
+        "node": node,
+        "job_id": job_id,
+        "error": why,
+        "at": now.isoformat(),
+        "moved": True,
+    }
+    conn.execute(
+        update(requests_t)
+        .where(requests_t.c.id == request_id)
+        .values(attempt_errors=[*(row.attempt_errors or ()), entry], updated_at=now)
+    )
+    return True
+
+
+def unmark_moving(conn: Connection, request_id: str, job_id: int) -> bool:
+    """The cancel of ``job_id`` did not go through (Ganeti runs it already): the attempt error
+    :func:`mark_moving` wrote is taken back (the job's own end tells what happened)."""
+    row = conn.execute(select(requests_t.c.attempt_errors).where(requests_t.c.id == request_id)).first()
+    errors = list(row.attempt_errors or ()) if row is not None else []
+    if not errors or not (errors[-1].get("moved") and errors[-1].get("job_id") == job_id):
+        return False
+    conn.execute(
+        update(requests_t).where(requests_t.c.id == request_id).values(attempt_errors=errors[:-1] or None)
+    )
+    return True
 
 
 def attempt_error(row: Any, backend: str, error: str | None, now: datetime) -> dict[str, Any]:

@@ -120,6 +120,18 @@ class RequestMethods:
             instance_status=instance_status,
         )
 
+    async def mark_moving(self, request_id: str, job_id: int, *, backend: str, node: str, why: str) -> bool:
+        """Before the dispatcher cancels ``job_id``, the create of ``request_id`` still queued on
+        ``node`` (down or offline), to place it elsewhere: an attempt error saying so, by which
+        the canceled job's end puts the request back to be placed, not canceled. False: the
+        request no longer waits on that job."""
+        return await self._requests.mark_moving(request_id, job_id, backend=backend, node=node, why=why)
+
+    async def unmark_moving(self, request_id: str, job_id: int) -> bool:
+        """The cancel :meth:`mark_moving` announced did not go through (the job runs): take its
+        attempt error back."""
+        return await self._requests.unmark_moving(request_id, job_id)
+
     async def cancel_request(self, request_id: str) -> tuple[Request, bool]:
         """Cancel in the database what can be (see :func:`_requests.request_cancel`)."""
         return await self._requests.cancel(request_id)

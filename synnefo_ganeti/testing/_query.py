@@ -40,6 +40,7 @@ import orjson
 from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti.testing import _opcodes
 from synnefo_ganeti.testing._cluster import instance_status
+from synnefo_ganeti.testing._errors import HTTPError
 from synnefo_ganeti.testing._node_faults import wait_for_live_data
 from synnefo_ganeti.testing._views import filter_view, group_view, network_view
 
@@ -206,7 +207,14 @@ def _instance_data(cluster: FakeCluster, fields: list[str], qfilter: Any) -> lis
     if names is None:
         insts = sorted(cluster.instances.values(), key=lambda i: i.name)
     else:  # only the instances named (luxid's Query.Filter requestedNames): no scan of all
-        insts = [cluster.instances[name] for name in sorted(names) if name in cluster.instances]
+        missing = sorted(name for name in names if name not in cluster.instances)
+        if missing:
+            # luxid looks each requested name up and fails the whole query on an unknown one
+            # (seen on the real lab: HTTP 500, "('Instance name X not found', 'unknown_entity')")
+            raise HTTPError(
+                500, f"(&#x27;Instance name {missing[0]} not found&#x27;, &#x27;unknown_entity&#x27;)"
+            )
+        insts = [cluster.instances[name] for name in sorted(names)]
     for inst in insts:
         node = bad.get(inst.pnode) if bad else None
         if qfilter and not _matches(_filter_row(inst, link, node, qfilter), qfilter):
