@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 
 from synnefo_ganeti import metrics
 from synnefo_ganeti._backoff import Backoff
 from synnefo_ganeti.allocate import NoCapacityError, Requirement, Reservation, chooses_nodes, placed_spec
-from synnefo_ganeti.dispatch._recovery import TAKEOVER_CHECK, Recovery
-from synnefo_ganeti.dispatch._room import RoomQueue
+from synnefo_ganeti.dispatch import _reservations
+from synnefo_ganeti.dispatch._recovery import TAKEOVER_CHECK
+from synnefo_ganeti.dispatch._reservations import ReservationSweep
 from synnefo_ganeti.errors import (
     AuthenticationError,
     ConflictError,
@@ -48,66 +48,12 @@ OUTAGE_BACKOFF = (0.5, 10.0)
 PLACEMENT_BACKOFF = (0.5, 10.0)
 
 
-#: seconds between looks for reservations whose request ended without their job's end being seen
-SWEEP_INTERVAL = 5.0
-#: a submitted create's reservation is checked against the store once it is this old (seconds)
-SWEEP_AFTER = 10.0
-
-
 class _NoRoom(str):
     """Why a request was not placed: no backend has room for it now."""
 
 
-class Submitter(Recovery):
+class Submitter(ReservationSweep):
     """Claim, place, submit, record: one task per claimed request."""
-
-    @functools.cached_property
-    def _submitted_at(self) -> dict[tuple[str, int], float]:
-        """(backend, job id) of a submitted create -> when it was submitted (monotonic)."""
-        return {}
-
-    async def _sweep_reservations(self) -> int:
-        """Give back the reservations of creates whose request ended, or went elsewhere, without
-        this dispatcher seeing the job's end: the job vanished (a backend restored from a backup,
-        a fake restarted empty) and the reconciler settled the request, or another process did.
-        Without this their room stays "pending" for ever and placement waits on room that only
-        phantom reservations hold. Returns how many were given back."""
-        now = time.monotonic()
-        due = [
-            (key, request_id)
-            for key, request_id in self._job_requests.items()
-            if now - self._submitted_at.get(key, now) >= SWEEP_AFTER
-        ]
-        given_back = 0
-        for key, request_id in due:
-            request = await self.store.get_request(request_id)
-            if request is not None and not request.is_final and (request.backend, request.job_id) == key:
-                continue  # still waiting on that job
-            reservation = self._jobs.pop(key, None)
-            self._job_requests.pop(key, None)
-            self._submitted_at.pop(key, None)
-            if reservation is not None:
-                self.allocator.release(reservation)
-                given_back += 1
-                state = "gone" if request is None else request.status.value
-                log.warning(
-                    "request %s: its create job %d on %s never reported its end here (the request is %s); "
-                    "its reservation is given back",
-                    request_id,
-                    key[1],
-                    key[0],
-                    state,
-                )
-        if given_back:
-            metrics.RESERVATIONS_RECLAIMED.inc(given_back)
-            self._wake.set()
-            self._room.free(given_back)
-        return given_back
-
-    @functools.cached_property
-    def _room(self) -> RoomQueue:
-        """The requests waiting for room, in line."""
-        return RoomQueue()
 
     def _capacity(self) -> int:
         """How many claimed requests may be worked on at once. Only ``submit_concurrency`` per
@@ -144,7 +90,7 @@ class Submitter(Recovery):
             ):
                 self._spawn_taken(await self._take_over_dead())
                 last_takeover = time.monotonic()
-            if time.monotonic() - last_sweep >= SWEEP_INTERVAL and self._job_requests:
+            if time.monotonic() - last_sweep >= _reservations.SWEEP_INTERVAL and self._job_requests:
                 last_sweep = time.monotonic()
                 try:
                     await self._sweep_reservations()

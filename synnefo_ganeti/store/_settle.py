@@ -10,20 +10,28 @@ it failed (it knows the setting; this transaction may run in any process).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import Connection, bindparam, delete, select, update
 
 from synnefo_ganeti.jobs import JobStatus, JobSummary
 from synnefo_ganeti.store._node_errors import is_node_error, named_node
-from synnefo_ganeti.store._requests import RequestStatus, backends_t, requests_t
+from synnefo_ganeti.store._requests import (
+    RequestStatus,
+    backends_t,
+    instance_jobs_t,
+    instances_t,
+    requests_t,
+)
 
 __all__ = [
     "attempt_error",
     "is_backend_error",
     "is_capacity_error",
+    "is_job_death_error",
     "is_name_taken_error",
     "settle_by_instance",
     "settle_job",
@@ -75,6 +83,28 @@ def settle_requests(
                     claimed_at=None,
                     submitted_at=None,
                     error=f"job {row.job_id} was refused ({error}); asking Ganeti whose instance holds the name",
+                    updated_at=now,
+                )
+            )
+            continue
+        if status is RequestStatus.FAILED and is_job_death_error(error):
+            # Ganeti lost the job's process mid-way (its master died: the new master's luxid fails
+            # every job it finds started, "detected death of job N"): its instance may exist or
+            # not. Still placed on this backend, unsubmitted, an attempt counted: the dispatcher
+            # asks Ganeti (an instance carrying the request's tag settles it; none: sent again).
+            if not backend:
+                backend.append(conn.execute(_BACKEND_NAME, {"b_backend": backend_id}).scalar_one())
+            conn.execute(
+                update(requests_t)
+                .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
+                .values(
+                    status=RequestStatus.PENDING.value,
+                    job_id=None,
+                    claimed_by=None,
+                    claimed_at=None,
+                    submitted_at=None,
+                    error=f"job {row.job_id} died in Ganeti ({error}); asking Ganeti whether it made the instance",
+                    attempt_errors=[*(row.attempt_errors or ()), attempt_error(row, backend[0], error, now)],
                     updated_at=now,
                 )
             )
@@ -178,6 +208,59 @@ def mark_moving(conn: Connection, request_id: str, job_id: int, *, backend: str,
         .values(attempt_errors=[*(row.attempt_errors or ()), entry], updated_at=now)
     )
     return True
+
+
+def job_lost(conn: Connection, request_id: str, job_id: int, *, error: str) -> bool:
+    """Ganeti no longer knows the create job ``job_id`` the request waits on: the request goes back
+    to "placed" on its backend, unsubmitted, so that the dispatcher asks Ganeti for a job carrying
+    its id or an instance carrying its tag before placing it again. False: it waits on that job no
+    more (its end came meanwhile)."""
+    now = datetime.now(UTC)
+    row = conn.execute(
+        select(requests_t.c.backend_id, requests_t.c.instance_uuid).where(
+            requests_t.c.id == request_id,
+            requests_t.c.status == RequestStatus.SUBMITTED.value,
+            requests_t.c.job_id == job_id,
+        )
+    ).first()
+    if row is None:
+        return False
+    # the job is no more: forget it against the instance (a restored cluster may give its id to
+    # another job), and the BUILD row goes back to "not sent", to be found in Ganeti or dropped
+    conn.execute(
+        delete(instance_jobs_t).where(
+            instance_jobs_t.c.backend_id == row.backend_id,
+            instance_jobs_t.c.job_id == job_id,
+            instance_jobs_t.c.applied_at.is_(None),
+        )
+    )
+    conn.execute(
+        update(instances_t)
+        .where(
+            instances_t.c.uuid == row.instance_uuid,
+            instances_t.c.status == "BUILD",
+            instances_t.c.create_job_id == job_id,
+        )
+        .values(create_job_id=None, task_job_id=None, updated_at=now)
+    )
+    done = conn.execute(
+        update(requests_t)
+        .where(
+            requests_t.c.id == request_id,
+            requests_t.c.status == RequestStatus.SUBMITTED.value,
+            requests_t.c.job_id == job_id,
+        )
+        .values(
+            status=RequestStatus.PENDING.value,
+            job_id=None,
+            claimed_by=None,
+            claimed_at=None,
+            submitted_at=None,
+            error=error,
+            updated_at=now,
+        )
+    )
+    return bool(done.rowcount)
 
 
 def unmark_moving(conn: Connection, request_id: str, job_id: int) -> bool:
@@ -309,6 +392,19 @@ def is_name_taken_error(message: str | None) -> bool:
     (``LUInstanceCreate.CheckPrereq``: "Instance '...' is already in the cluster", ECODE_EXISTS):
     the create made nothing, and the instance of that name is another job's."""
     return "is already in the cluster" in (message or "")
+
+
+#: what Ganeti writes as the result of a job whose process it lost: Ganeti 3.0's luxid
+#: (``JQScheduler.checkForDeath``, reason ``gnt:daemon:luxid:deathdetection``; on a new master
+#: for every job the dead one had started, within ``LUXID_JOBQUEUE_POLL_INTERVAL``, 307 s) and
+#: Ganeti 2.x's masterd at startup (``jqueue.py``)
+_JOB_DEATH = re.compile(r"^(?:detected death of job \d+|Unclean master daemon shutdown)$")
+
+
+def is_job_death_error(message: str | None) -> bool:
+    """Whether a failed create's message is Ganeti losing the job's process mid-way (its master
+    died, or the process was killed), not a failure of the create: its instance may exist or not."""
+    return _JOB_DEATH.match((message or "").strip()) is not None
 
 
 def is_backend_error(message: str | None) -> bool:

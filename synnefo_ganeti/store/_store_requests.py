@@ -127,6 +127,12 @@ class RequestMethods:
         request no longer waits on that job."""
         return await self._requests.mark_moving(request_id, job_id, backend=backend, node=node, why=why)
 
+    async def job_lost(self, request_id: str, job_id: int, *, error: str) -> bool:
+        """Ganeti no longer knows the create job ``job_id`` the request waits on (a backend restored
+        from a backup): back to "placed", unsubmitted, with ``error`` saying so; the dispatcher
+        asks Ganeti for its job or instance before placing it again. False: its end came meanwhile."""
+        return await self._requests.job_lost(request_id, job_id, error=error)
+
     async def unmark_moving(self, request_id: str, job_id: int) -> bool:
         """The cancel :meth:`mark_moving` announced did not go through (the job runs): take its
         attempt error back."""

@@ -6,21 +6,23 @@ instead of holding it "pending" for ever."""
 from __future__ import annotations
 
 import pytest
+from yarl import URL
 
-from synnefo_ganeti import ControlPlane
-from synnefo_ganeti.dispatch import Dispatcher, _submitter
+from synnefo_ganeti import ControlPlane, RapiClient
+from synnefo_ganeti.dispatch import Dispatcher, _reservations
 from synnefo_ganeti.metrics import RESERVATIONS_RECLAIMED
 from synnefo_ganeti.store import RequestStatus, Store
+from synnefo_ganeti.testing import FakeGaneti
 from tests._fault_runs import QUICK
 from tests.helpers import eventually, spec
-from tests.unit.test_dispatcher import backend, fakes, running, settings_for
+from tests.unit.test_dispatcher import backend, creates, fakes, running, settings_for
 
 
 async def test_the_reservation_of_a_request_settled_elsewhere_is_given_back(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_submitter, "SWEEP_AFTER", 0.2)
-    monkeypatch.setattr(_submitter, "SWEEP_INTERVAL", 0.1)
+    monkeypatch.setattr(_reservations, "SWEEP_AFTER", 0.2)
+    monkeypatch.setattr(_reservations, "SWEEP_INTERVAL", 0.1)
     # a create that never ends while the test runs: its job's end is never seen here
     async with fakes(1, op_times=QUICK | {"OP_INSTANCE_CREATE": 600.0}) as (f1,):
         settings = settings_for(db_url, [backend("f1", f1)])
@@ -46,8 +48,8 @@ async def test_the_reservation_of_a_request_settled_elsewhere_is_given_back(
 async def test_a_reservation_whose_job_still_runs_is_kept(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_submitter, "SWEEP_AFTER", 0.05)
-    monkeypatch.setattr(_submitter, "SWEEP_INTERVAL", 0.05)
+    monkeypatch.setattr(_reservations, "SWEEP_AFTER", 0.05)
+    monkeypatch.setattr(_reservations, "SWEEP_INTERVAL", 0.05)
     async with fakes(1, op_times=QUICK | {"OP_INSTANCE_CREATE": 600.0}) as (f1,):
         settings = settings_for(db_url, [backend("f1", f1)])
         async with (
@@ -64,3 +66,49 @@ async def test_a_reservation_whose_job_still_runs_is_kept(
 async def _submitted(store: Store, request_id: str) -> object:
     request = await store.get_request(request_id)
     return request if request is not None and request.status is RequestStatus.SUBMITTED else None
+
+
+async def test_a_create_whose_job_the_backend_lost_is_placed_again(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend restarts empty while a create runs (a cluster restored from a backup): Ganeti
+    no longer knows the job, so its end never comes. The dispatcher finds the job gone, gives
+    the room back and, Ganeti holding no instance of the request, places it again: it succeeds."""
+    monkeypatch.setattr(_reservations, "SWEEP_AFTER", 0.1)
+    monkeypatch.setattr(_reservations, "SWEEP_INTERVAL", 0.1)
+    monkeypatch.setattr(_reservations, "LOST_AFTER", 0.3)
+    monkeypatch.setattr(_reservations, "LOST_CHECK", 0.1)
+    first = FakeGaneti(tls=False, op_times=QUICK | {"OP_INSTANCE_CREATE": 600.0})
+    await first.__aenter__()
+    port = URL(first.url).port
+    settings = settings_for(db_url, [backend("f1", first)], health_interval=0.2)
+    try:
+        async with (
+            Store(db_url) as store,
+            ControlPlane(settings, store=store) as cp,
+            running(Dispatcher(settings, store=store, status_server=False)) as d,
+        ):
+            # a few jobs first, so that the lost create's id is not the one the empty backend
+            # gives next (a real cluster restored from a backup goes on from its serial)
+            async with RapiClient(first.url, username=first.username, password=first.password) as rapi:
+                for _ in range(3):
+                    await rapi.wait_for_job(await rapi.add_cluster_tags(["warm"]))
+            request_id = await cp.request_instance(spec("vm-forgotten.example"))
+            lost = await eventually(lambda: _submitted(store, request_id), what="the request submitted")
+            before = RESERVATIONS_RECLAIMED._value.get()
+            await first.__aexit__(None, None, None)  # the backend goes ...
+            first = None
+            async with FakeGaneti(
+                tls=False, port=port, username=settings.backends[0].username,
+                password=settings.backends[0].password_value(), op_times=QUICK,
+            ) as again:  # fmt: skip
+                done = await cp.wait_request(request_id, timeout=60)
+                assert done.status is RequestStatus.SUCCEEDED, done.error
+                assert done.job_id != lost.job_id or creates(again) == 1
+                assert creates(again, name="vm-forgotten.example") == 1
+                assert RESERVATIONS_RECLAIMED._value.get() >= before + 1
+                # the lost one given back; the new create's, once the node stats show its instance
+                await eventually(lambda: d.allocator.pending("f1").count == 0, what="no room pending")
+    finally:
+        if first is not None:
+            await first.__aexit__(None, None, None)

@@ -1,0 +1,143 @@
+"""No phantom reservations: the room a submitted create holds in the allocator is given back
+however its create ends or is settled, even when its job's end is never seen here.
+
+Design. A submitted create's reservation is released when the writer stores its job's end
+(:meth:`~synnefo_ganeti.dispatch._submitter.Submitter._on_commit`). A backend that lost the job
+(a cluster restored from a backup, a fake restarted empty, a queue wiped) never reports that
+end, and its room would stay "pending" for good: placement then waits on room only phantom
+reservations hold, and requests fail after ``placement_timeout`` with "no room ... pending".
+So every :data:`SWEEP_INTERVAL` seconds the submit loop sweeps the reservations older than
+:data:`SWEEP_AFTER`:
+
+* the request ended or went elsewhere meanwhile (the reconciler or another process settled
+  it): the reservation is given back;
+* the request still waits on that job, older than :data:`LOST_AFTER`: Ganeti is asked (one job
+  listing per backend, at most every :data:`LOST_CHECK` seconds, then ``GET /2/jobs/ID`` for a job
+  the listing lacks, which also reads the archive); a job Ganeti does not know is lost: the
+  reservation is given back and the request goes back to "placed" (``Store.job_lost``), where
+  the dispatcher asks Ganeti for a job carrying its id or an instance carrying its tag before it
+  places it again (:meth:`~synnefo_ganeti.dispatch._recovery.Recovery._recover`).
+
+Each one given back is logged and counted (``synnefo_ganeti_reservations_reclaimed_total``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+from synnefo_ganeti import metrics
+from synnefo_ganeti.dispatch._recovery import Recovery
+from synnefo_ganeti.dispatch._room import RoomQueue
+from synnefo_ganeti.errors import GanetiError, JobNotFoundError
+
+__all__ = ["LOST_AFTER", "LOST_CHECK", "SWEEP_AFTER", "SWEEP_INTERVAL", "ReservationSweep"]
+
+log = logging.getLogger("synnefo_ganeti.dispatch")
+
+#: seconds between sweeps of the reservations
+SWEEP_INTERVAL = 5.0
+#: a submitted create's reservation is checked against the store once it is this old (seconds)
+SWEEP_AFTER = 10.0
+#: ... and its job looked for in Ganeti once it is this old
+LOST_AFTER = 60.0
+#: seconds between such looks in one backend's job list
+LOST_CHECK = 30.0
+
+
+class ReservationSweep(Recovery):
+    """Give back the reservations whose job's end is never seen here (see the module)."""
+
+    @functools.cached_property
+    def _submitted_at(self) -> dict[tuple[str, int], float]:
+        """(backend, job id) of a submitted create -> when it was submitted (monotonic)."""
+        return {}
+
+    @functools.cached_property
+    def _lost_checked(self) -> dict[str, float]:
+        """backend -> when its job list was last read for lost jobs (monotonic)."""
+        return {}
+
+    @functools.cached_property
+    def _room(self) -> RoomQueue:
+        """The requests waiting for room, in line."""
+        return RoomQueue()
+
+    def _give_back(self, key: tuple[str, int]) -> bool:
+        reservation = self._jobs.pop(key, None)
+        self._job_requests.pop(key, None)
+        self._submitted_at.pop(key, None)
+        if reservation is None:
+            return False
+        self.allocator.release(reservation)
+        return True
+
+    async def _sweep_reservations(self) -> int:
+        """One sweep (see the module); returns how many reservations were given back."""
+        now = time.monotonic()
+        due = [
+            (key, request_id)
+            for key, request_id in self._job_requests.items()
+            if now - self._submitted_at.get(key, now) >= SWEEP_AFTER
+        ]
+        given_back = 0
+        waiting: dict[str, list[tuple[int, str]]] = {}
+        for key, request_id in due:
+            request = await self.store.get_request(request_id)
+            if request is not None and not request.is_final and (request.backend, request.job_id) == key:
+                if now - self._submitted_at.get(key, now) >= LOST_AFTER:
+                    waiting.setdefault(key[0], []).append((key[1], request_id))
+                continue  # still waiting on that job
+            if self._give_back(key):
+                given_back += 1
+                state = "gone" if request is None else request.status.value
+                log.warning(
+                    "request %s: its create job %d on %s never reported its end here (the request is %s); "
+                    "its reservation is given back",
+                    request_id,
+                    key[1],
+                    key[0],
+                    state,
+                )
+        for backend, jobs in waiting.items():
+            if now - self._lost_checked.get(backend, 0.0) >= LOST_CHECK and backend in self._backends:
+                self._lost_checked[backend] = now
+                given_back += await self._lost_jobs(backend, jobs)
+        if given_back:
+            metrics.RESERVATIONS_RECLAIMED.inc(given_back)
+            self._wake.set()
+            self._room.free(given_back)
+        return given_back
+
+    async def _lost_jobs(self, backend: str, jobs: list[tuple[int, str]]) -> int:
+        """Of ``jobs`` (job id, request id) that ``backend`` should hold, those it does not know:
+        their reservations given back, their requests placed (asked about) again."""
+        try:
+            client = await self.client(backend)
+            listed = {job.id for job in await client.list_jobs()}
+        except GanetiError as exc:
+            log.info("backend %s: its jobs not listed (%s); lost jobs looked for later", backend, exc)
+            return 0
+        given_back = 0
+        for job_id, request_id in jobs:
+            if job_id in listed:
+                continue
+            try:
+                await client.get_job(job_id)  # archived, maybe: GET /2/jobs/ID reads the archive too
+                continue
+            except JobNotFoundError:
+                pass
+            except GanetiError as exc:
+                log.info("backend %s: job %d not looked up (%s)", backend, job_id, exc)
+                continue
+            error = (
+                f"job {job_id} vanished from backend {backend} (Ganeti no longer knows it: restored from a "
+                "backup, or its queue lost); asking Ganeti for the request's instance before placing it again"
+            )
+            if not await self.store.job_lost(request_id, job_id, error=error):
+                continue  # its end came meanwhile
+            if self._give_back((backend, job_id)):
+                given_back += 1
+            log.error("request %s: %s", request_id, error)
+        return given_back
