@@ -14,7 +14,14 @@ from synnefo_ganeti.dispatch._moves import NodeMoves
 from synnefo_ganeti.errors import GanetiError, NotFoundError
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import REASON_PREFIX, InstanceSpec, RapiClient
-from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, is_name_taken_error, request_tag
+from synnefo_ganeti.store import (
+    InstanceStatus,
+    Request,
+    RequestStatus,
+    is_job_death_error,
+    is_name_taken_error,
+    request_tag,
+)
 
 __all__ = ["Recovery"]
 
@@ -175,14 +182,17 @@ class Recovery(NodeMoves):
         """The job that made (or failed to make) ``request``'s instance: of the jobs carrying its
         request id, the first that did not fail, else the first whose failure is not a refusal of
         a duplicate by name (a create sent twice: the second is refused "already in the cluster",
-        and the request's outcome is the first's); None: no such job."""
+        and the request's outcome is the first's) nor a job whose process Ganeti lost (its master
+        died: its instance, if any, is found by its tag); None: no such job."""
         jobs = (await self._jobs_by_reason(name, client, since)).get(f"{REASON_PREFIX}{request.id}", [])
         for job_id, status in jobs:
             if status is not JobStatus.ERROR:
                 return job_id
         for job_id, _status in jobs:
             failure = (await client.get_job(job_id)).failure
-            if failure is None or not is_name_taken_error(failure.message):
+            if failure is None:
+                return job_id
+            if not is_name_taken_error(failure.message) and not is_job_death_error(failure.message):
                 return job_id
         return None
 

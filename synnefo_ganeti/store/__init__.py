@@ -21,7 +21,12 @@ from synnefo_ganeti.store._networks import NetworkOnBackend, NetworkState, Netwo
 from synnefo_ganeti.store._node_errors import NodeFault, is_node_error, node_fault
 from synnefo_ganeti.store._observed import OBSERVED_FIELDS, record_observed, store_observed
 from synnefo_ganeti.store._requests import Request, RequestStatus, new_request_id, request_tag
-from synnefo_ganeti.store._settle import is_backend_error, is_capacity_error, is_name_taken_error
+from synnefo_ganeti.store._settle import (
+    is_backend_error,
+    is_capacity_error,
+    is_job_death_error,
+    is_name_taken_error,
+)
 from synnefo_ganeti.store._store import (
     CommitInfo,
     JobVersion,
@@ -64,6 +69,7 @@ __all__ = [
     "instance_status_after",
     "is_backend_error",
     "is_capacity_error",
+    "is_job_death_error",
     "is_name_taken_error",
     "is_node_error",
     "new_request_id",

@@ -258,6 +258,29 @@ class FakeCluster:
             return True, f"Job {job_id} will be canceled"
         return False, f"Job {job_id} is no longer waiting in the queue"
 
+    async def kill(self, job_id: int) -> bool:
+        """The job's process dies mid-way (its master died) and a luxid fails it as Ganeti 3.0's
+        does on a new master (``JQScheduler.checkForDeath``): every unfinished op ``error`` with
+        the result "detected death of job N" (Ganeti also adds a reason, which the fake leaves out).
+        What the op made so far (an instance in the configuration) stays. False: not running."""
+        job = self.jobs.get(job_id)
+        if job is None or job_id not in self._running:
+            return False
+        for task in [t for t in self._tasks if t.get_name() == f"fake-job-{job_id}"]:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        stamp = now_ts()
+        message = f"detected death of job {job_id}"
+        for op in job.ops:
+            if not op.status.is_final:
+                op.status = JobStatus.ERROR
+                op.result = message
+                op.end_timestamp = stamp
+        job.end_timestamp = stamp
+        job.livelock = None
+        self._write(job, luxid=True)
+        return True
+
     # ------------------------------------------------------------------ running
 
     def schedule(self) -> None:

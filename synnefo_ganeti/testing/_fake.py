@@ -268,6 +268,12 @@ class FakeGaneti:
         RAPI has no call for it); ``ConflictError`` if it is the master or not a candidate."""
         _ops_nodes.master_failover(self.cluster, node)
 
+    async def kill_job(self, job_id: int) -> bool:
+        """A running job's process dies with its master, as a new master's luxid then ends it
+        ("detected death of job N": the 3-node lab, ``tests/fixtures/ganeti-3.0-masterfail``);
+        False when the job is not running. See :meth:`FakeCluster.kill`."""
+        return await self.cluster.kill(job_id)
+
     def archive_jobs(self) -> int:
         """Archive every ended job now (``gnt-job autoarchive 0``); returns how many."""
         return sum(self.cluster.archive(job_id) for job_id in list(self.cluster.jobs))
