@@ -73,18 +73,11 @@ def settle_requests(
             # after an answer was lost; the request's outcome is then the first job's) or
             # someone else's instance. Placed again on this backend, unsubmitted: the
             # dispatcher asks Ganeti which (the jobs carrying its id, the instance's tags).
-            conn.execute(
-                update(requests_t)
-                .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
-                .values(
-                    status=RequestStatus.PENDING.value,
-                    job_id=None,
-                    claimed_by=None,
-                    claimed_at=None,
-                    submitted_at=None,
-                    error=f"job {row.job_id} was refused ({error}); asking Ganeti whose instance holds the name",
-                    updated_at=now,
-                )
+            _unsubmit(
+                conn,
+                row.id,
+                now,
+                error=f"job {row.job_id} was refused ({error}); asking Ganeti whose instance holds the name",
             )
             continue
         if status is RequestStatus.FAILED and is_job_death_error(error):
@@ -94,37 +87,23 @@ def settle_requests(
             # asks Ganeti (an instance carrying the request's tag settles it; none: sent again).
             if not backend:
                 backend.append(conn.execute(_BACKEND_NAME, {"b_backend": backend_id}).scalar_one())
-            conn.execute(
-                update(requests_t)
-                .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
-                .values(
-                    status=RequestStatus.PENDING.value,
-                    job_id=None,
-                    claimed_by=None,
-                    claimed_at=None,
-                    submitted_at=None,
-                    error=f"job {row.job_id} died in Ganeti ({error}); asking Ganeti whether it made the instance",
-                    attempt_errors=[*(row.attempt_errors or ()), attempt_error(row, backend[0], error, now)],
-                    updated_at=now,
-                )
+            _unsubmit(
+                conn,
+                row.id,
+                now,
+                error=f"job {row.job_id} died in Ganeti ({error}); asking Ganeti whether it made the instance",
+                attempt_errors=[*(row.attempt_errors or ()), attempt_error(row, backend[0], error, now)],
             )
             continue
         if status is RequestStatus.CANCELED and not row.cancel_requested and _moving(row) is not None:
             # canceled by the dispatcher while still queued on a node that went down: Ganeti
             # made nothing, and the request goes back to be placed elsewhere
-            conn.execute(
-                update(requests_t)
-                .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
-                .values(
-                    status=RequestStatus.PENDING.value,
-                    backend_id=None,
-                    job_id=None,
-                    claimed_by=None,
-                    claimed_at=None,
-                    submitted_at=None,
-                    error=f"job {row.job_id} was canceled while queued ({_moving(row)}); placing it again",
-                    updated_at=now,
-                )
+            _unsubmit(
+                conn,
+                row.id,
+                now,
+                error=f"job {row.job_id} was canceled while queued ({_moving(row)}); placing it again",
+                placed=False,
             )
             continue
         if status is not RequestStatus.FAILED:
@@ -144,20 +123,13 @@ def settle_requests(
                 why = f"failed on node {node}"
             else:
                 why = "found no room" if is_capacity_error(error) else "was refused by its backend"
-            conn.execute(
-                update(requests_t)
-                .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
-                .values(
-                    status=RequestStatus.PENDING.value,
-                    backend_id=None,
-                    job_id=None,
-                    claimed_by=None,
-                    claimed_at=None,
-                    submitted_at=None,
-                    error=f"job {row.job_id} {why} ({error}); placing it again",
-                    attempt_errors=attempts,
-                    updated_at=now,
-                )
+            _unsubmit(
+                conn,
+                row.id,
+                now,
+                error=f"job {row.job_id} {why} ({error}); placing it again",
+                placed=False,
+                attempt_errors=attempts,
             )
             continue
         failed.append({"b_id": row.id, "b_error": error, "b_now": now, "b_attempts": attempts})
@@ -169,6 +141,39 @@ def settle_requests(
 
 
 _BACKEND_NAME = select(backends_t.c.name).where(backends_t.c.id == bindparam("b_backend"))
+
+
+def _unsubmit(
+    conn: Connection,
+    request_id: str,
+    now: datetime,
+    *,
+    error: str,
+    placed: bool = True,
+    attempt_errors: list[dict[str, Any]] | None = None,
+) -> bool:
+    """A submitted request back to pending, unclaimed, its job forgotten: still ``placed`` on its
+    backend (the dispatcher asks Ganeti about it before anything is sent again), or not (placed
+    anew); ``attempt_errors``: the list to keep. False: it was no longer submitted."""
+    values: dict[str, Any] = {
+        "status": RequestStatus.PENDING.value,
+        "job_id": None,
+        "claimed_by": None,
+        "claimed_at": None,
+        "submitted_at": None,
+        "error": error,
+        "updated_at": now,
+    }
+    if not placed:
+        values["backend_id"] = None
+    if attempt_errors is not None:
+        values["attempt_errors"] = attempt_errors
+    done = conn.execute(
+        update(requests_t)
+        .where(requests_t.c.id == request_id, requests_t.c.status == RequestStatus.SUBMITTED.value)
+        .values(**values)
+    )
+    return bool(done.rowcount)
 
 
 def _moving(row: Any) -> str | None:
@@ -243,24 +248,7 @@ def job_lost(conn: Connection, request_id: str, job_id: int, *, error: str) -> b
         )
         .values(create_job_id=None, task_job_id=None, updated_at=now)
     )
-    done = conn.execute(
-        update(requests_t)
-        .where(
-            requests_t.c.id == request_id,
-            requests_t.c.status == RequestStatus.SUBMITTED.value,
-            requests_t.c.job_id == job_id,
-        )
-        .values(
-            status=RequestStatus.PENDING.value,
-            job_id=None,
-            claimed_by=None,
-            claimed_at=None,
-            submitted_at=None,
-            error=error,
-            updated_at=now,
-        )
-    )
-    return bool(done.rowcount)
+    return _unsubmit(conn, request_id, now, error=error)
 
 
 def unmark_moving(conn: Connection, request_id: str, job_id: int) -> bool:
