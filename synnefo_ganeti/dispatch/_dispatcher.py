@@ -228,6 +228,12 @@ class Dispatcher(Submitter):
                     timeout,
                 )
                 await asyncio.gather(*pending, return_exceptions=True)
+        # moves off a dead node under way: cut off (a note without its cancel is taken back by
+        # the job's own end; a cancel sent is settled by the canceled job's end)
+        moving = list(self._moving_tasks)
+        for move in moving:
+            move.cancel()
+        await asyncio.gather(*moving, return_exceptions=True)
         for entry in self._backends.values():
             for task in entry.tasks:  # stopped one by one below (a watcher stores what it read)
                 self.supervisor.detach(task)

@@ -30,6 +30,9 @@ __all__ = ["NodeMoves"]
 
 log = logging.getLogger("synnefo_ganeti.dispatch")
 
+#: looks (0.05 s apart) for the job id of a create just sent to be written before it is moved
+RECORDING_WAIT_TRIES = 100
+
 
 class NodeMoves(BackendWiring):
     """Cancel and place again the creates queued on a node that left placement (see the module)."""
@@ -45,6 +48,8 @@ class NodeMoves(BackendWiring):
 
     def _node_left(self, change: NodeChange) -> None:
         """``change.node`` went down or offline: move off it what is still queued there."""
+        if not self._claiming:
+            return  # stopping: the next dispatcher reads the node again and moves what is left
         task = asyncio.create_task(
             self._move_off(change.backend, change.node, change.detail or change.state or "down"),
             name=f"move off {change.backend}/{change.node}",
@@ -56,6 +61,24 @@ class NodeMoves(BackendWiring):
         self._moving_tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("%s failed", task.get_name(), exc_info=task.exception())
+
+    async def _note_moving(self, request_id: str, job_id: int, backend: str, node: str, why: str) -> bool:
+        """:meth:`~synnefo_ganeti.store.Store.mark_moving`, once the submitter has recorded the job
+        (a create just sent is in ``_jobs`` before its job id is written): False when the request
+        waits on that job no more."""
+        for _ in range(RECORDING_WAIT_TRIES):
+            if await self.store.mark_moving(request_id, job_id, backend=backend, node=node, why=why):
+                return True
+            request = await self.store.get_request(request_id)
+            if (
+                request is None
+                or request.job_id is not None
+                or request.is_final
+                or (backend, job_id) not in self._jobs
+            ):
+                return False  # recorded, and waiting on another job or none: its job ended meanwhile
+            await asyncio.sleep(0.05)  # placed, its job id being written: a moment
+        return False
 
     async def _move_off(self, backend: str, node: str, why: str) -> int:
         """Cancel the creates this dispatcher submitted on ``node`` that Ganeti has not started;
@@ -75,9 +98,7 @@ class NodeMoves(BackendWiring):
             reason = f"node {node} of {backend} left placement ({why})"
             try:
                 # first the note, then the cancel: the canceled job's end may be stored at once
-                if not await self.store.mark_moving(
-                    request_id, job_id, backend=backend, node=node, why=reason
-                ):
+                if not await self._note_moving(request_id, job_id, backend, node, reason):
                     continue  # its job ended meanwhile
                 self._moved_jobs.add((backend, job_id))
                 try:

@@ -26,13 +26,19 @@ async def test_creates_queued_on_a_node_that_died_are_canceled_and_placed_elsewh
             ControlPlane(settings, store=store) as cp,
             running(Dispatcher(settings, store=store, status_server=False)) as d,
         ):
-            ids = [await cp.request_instance(spec(f"q{i}.example")) for i in range(9)]
+            ids = [await cp.request_instance(spec(f"q{i}.example")) for i in range(12)]
             # every create submitted: one runs on each node, the others wait for its lock
-            await eventually(lambda: len(create_nodes(fake)) == 9, what="nine creates in Ganeti", timeout=30)
+            await eventually(
+                lambda: len(create_nodes(fake)) == 12, what="twelve creates in Ganeti", timeout=30
+            )
             victim = next(n for n in create_nodes(fake) if not fake.cluster.nodes[n].master)
+            # each RPC to the dead node takes 2 s to fail, as Ganeti's (5 s on the lab): the create
+            # running there fails only then, and the next one queued there takes as long again, so
+            # creates are still queued there when the dispatcher learns the node is down
+            fake.rpc_timeout = 2.0
             fake.crash_node(victim)
-            done = [await finished(cp, rid, timeout=60) for rid in ids]
-            assert [r.status for r in done] == [RequestStatus.SUCCEEDED] * 9, [r.error for r in done]
+            done = [await finished(cp, rid, timeout=90) for rid in ids]
+            assert [r.status for r in done] == [RequestStatus.SUCCEEDED] * 12, [r.error for r in done]
             assert d.stats.moved >= 1 and d.stats.failed == 0
             moved = [r for r in done if any(e.get("moved") for e in r.attempt_errors or ())]
             assert len(moved) == d.stats.moved
