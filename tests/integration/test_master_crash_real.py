@@ -160,7 +160,13 @@ async def test_a_master_crash_under_load_loses_and_doubles_nothing(testbed3, pg_
                 ok = [j.id for j in creates if j.status.value == "success"]
                 tagged = [n for n, i in instances.items() if request_tag(request.id) in i.tags]
                 assert request.status is RequestStatus.SUCCEEDED, request.to_json()
-                assert len(ok) == 1, (request.id, [(j.id, j.status.value) for j in creates])
+                # one create made it: a successful job, or (a job that died with the master after
+                # making the instance: "detected death of job N") none, the instance there with its tag
+                died = [j.id for j in creates if j.status.value == "error"]
+                assert len(ok) == 1 or (not ok and died), (
+                    request.id,
+                    [(j.id, j.status.value) for j in creates],
+                )
                 assert tagged == [request.instance], (request.id, tagged)
                 ganeti_jobs += [(j.id, j.status.value) for j in creates]
             figures["create_jobs"] = sorted(ganeti_jobs)
