@@ -168,6 +168,10 @@ class Instance(Base):
     #: node is up, "down" (Ganeti's ERROR_nodedown) or "offline" (ERROR_nodeoffline); migration 0010
     node_state: Mapped[str | None] = mapped_column(String(16))
     node_state_since: Mapped[datetime | None]
+    #: the durable request that made it (``StoredInstance.request_id``; migration 0011)
+    request_id: Mapped[str | None] = mapped_column(String(36))
+    #: a delete asked while its create or another action ran: it follows their end (migration 0011)
+    delete_requested_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -314,6 +318,8 @@ class CreateRequest(Base):
     __table_args__ = (
         Index("ix_requests_status_created_at", "status", "created_at"),
         Index("ix_requests_backend_id_job_id", "backend_id", "job_id"),
+        # a request by its instance's id, given at once (migration 0011)
+        Index("ix_requests_instance_uuid", "instance_uuid"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -328,7 +334,8 @@ class CreateRequest(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     claimed_by: Mapped[str | None] = mapped_column(String(64))
     claimed_at: Mapped[datetime | None]
-    #: the instance row's public id once placed (``Request.instance_id``)
+    #: its instance's public id (``Request.instance_id``), given when the request is written and
+    #: the same through every attempt (before 0011: once placed)
     instance_uuid: Mapped[str | None] = mapped_column(String(36))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     #: every failed attempt, oldest first: {"attempt", "backend", "node", "job_id", "error", "at"}
