@@ -1,8 +1,10 @@
 """Where the settings come from: the TOML file, the environment, and what a reload changes.
 
 ``Settings()`` reads the file that ``SYNNEFO_GANETI_CONFIG`` names; ``Settings.from_file``
-the one it is given (it wins). Relative paths in ``[[backends]]`` are taken from the
-file's folder. :func:`diff_backends` tells what a new configuration changes in the
+the one it is given (it wins). Relative paths written in the file (``[[backends]]``'
+``password_file``, ``ca_file``, ``queue_dir``, ``[notify] secret_file``, ``[web]``'s files, and
+the file of a SQLite ``[database] url``) are taken from the file's folder; paths given by the
+environment or on the command line are taken from the working directory, as a shell user expects. :func:`diff_backends` tells what a new configuration changes in the
 backends (what a SIGHUP reload applies).
 """
 
@@ -14,6 +16,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from synnefo_ganeti.errors import ConfigError
 
@@ -68,7 +73,11 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def _resolve_relative_paths(data: dict[str, Any], folder: Path) -> None:
-    """Make the backends' (and [notify]'s) relative paths relative to the config file's folder (in place)."""
+    """Make the backends' (and [notify]'s, [web]'s, [database]'s) relative paths relative to the config
+    file's folder (in place)."""
+    database = data.get("database")
+    if isinstance(database, dict) and isinstance(database.get("url"), str):
+        database["url"] = sqlite_url_from(database["url"], folder)
     notify = data.get("notify")
     if isinstance(notify, dict) and isinstance(notify.get("secret_file"), str) and notify["secret_file"]:
         path = Path(notify["secret_file"]).expanduser()
@@ -90,6 +99,29 @@ def _resolve_relative_paths(data: dict[str, Any], folder: Path) -> None:
             if isinstance(value, str) and value:
                 path = Path(value).expanduser()
                 backend[key] = str(path if path.is_absolute() else folder / path)
+
+
+def sqlite_url_from(url: str, folder: Path) -> str:
+    """``url`` with a relative SQLite file path taken from ``folder`` (``~`` expanded).
+
+    Anything else is returned as written: other schemes, absolute paths, in-memory SQLite
+    (``sqlite://``, ``sqlite:///:memory:``), ``file:`` URIs (``?uri=true``) and URLs that do not
+    parse (the ``[database]`` section reports those).
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url
+    if not parsed.drivername.startswith("sqlite") or parsed.query.get("uri") == "true":
+        return url
+    database = parsed.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return url
+    path = Path(database).expanduser()
+    if path.is_absolute() and str(path) == database:
+        return url
+    resolved = path if path.is_absolute() else folder / path
+    return parsed.set(database=str(resolved)).render_as_string(hide_password=False)
 
 
 @dataclass(frozen=True, slots=True)
