@@ -135,7 +135,7 @@ class FakeCluster:
         self.op_times = DEFAULT_OP_TIMES | (op_times or {})
         self.archive_after = archive_after
         self.jobs: dict[int, FakeJob] = {}
-        self._serial = itertools.count(1)
+        self._serial = itertools.count(1 + (queue.last_serial if queue is not None else 0))
         self._pending: list[FakeJob] = []
         self._running: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()

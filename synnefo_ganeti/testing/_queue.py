@@ -6,6 +6,11 @@
   trailing newline; the job executor's through ``job-<id><8 random chars>.new``
   with ``", "``/``": "`` separators and a trailing newline.
 * ``serial`` (the last job id) is rewritten the same way, before the job's first file.
+  Job ids never start again: a fake on a queue directory that holds jobs goes on from the
+  last id, as luxid's ``allocateJobIds`` (``src/Ganeti/JQueue.hs``) reads ``serial`` and
+  writes ``serial + n``; a missing ``serial`` is written ``0``, as ``jstore.InitAndVerifyQueue``
+  does. The fake also looks at the job files (``job-<id>`` and ``archive/*/job-<id>``) so
+  that a ``serial`` that is missing or behind never makes it hand out an id twice.
 * ``version`` holds ``1``, ``lock`` is empty.
 * Archiving renames ``job-<id>`` to ``archive/<id // 10000>/job-<id>``.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import string
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +31,7 @@ import orjson
 __all__ = ["QueueDir"]
 
 _RANDOM = string.ascii_lowercase + string.digits
+_JOB_FILE = re.compile(r"^job-(\d+)$")
 
 
 class QueueDir:
@@ -44,12 +51,34 @@ class QueueDir:
         if not (path / "version").exists():
             self._atomic("version", b"1\n", luxid=True)
         (path / "lock").touch()
+        #: the last job id this directory has seen (``serial`` or its highest job file)
+        self.last_serial = self._read_last_serial()
+        if not (path / "serial").exists():
+            self.write_serial(self.last_serial)
 
     def __repr__(self) -> str:
         return f"<QueueDir {self.path} {self.writes} writes>"
 
     def write_serial(self, last_id: int) -> None:
         self._atomic("serial", f"{last_id}\n".encode(), luxid=True)
+        self.last_serial = max(self.last_serial, last_id)
+
+    def _read_last_serial(self) -> int:
+        """The highest of ``serial`` (0 when missing or not a number) and the job files' ids."""
+        try:
+            last = int((self.path / "serial").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            last = 0
+        folders = [self.path]
+        with os.scandir(self.path / "archive") as entries:
+            folders.extend(Path(entry.path) for entry in entries if entry.is_dir())
+        for folder in folders:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    match = _JOB_FILE.match(entry.name)
+                    if match is not None:
+                        last = max(last, int(match.group(1)))
+        return last
 
     def write_job(self, job_id: int, content: dict[str, Any], *, luxid: bool) -> None:
         if luxid:  # compact: orjson writes what json.dumps(separators=(",", ":")) does, faster
