@@ -79,6 +79,11 @@ def _op_times(values: tuple[str, ...]) -> dict[str, float]:
     "or not the client still waits (default: when it is answered).",
 )  # fmt: skip
 @click.option("--no-tls", is_flag=True, help="Plain HTTP instead of HTTPS.")
+@click.option(
+    "--tls-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+    help="Keep the certificate here: rapi.pem and rapi.key are reused if present, else made here "
+    "and kept (default: a new one at each start).",
+)  # fmt: skip
 @click.option("--username", default="fake", show_default=True)
 @click.option(
     "--password-file",
@@ -101,6 +106,7 @@ def fake_ganeti(
     slow_submit: float | None,
     slow_submit_job_after: float | None,
     no_tls: bool,
+    tls_dir: Path | None,
     username: str,
     password_file: Path | None,
     as_json: bool,
@@ -109,16 +115,20 @@ def fake_ganeti(
     times = _op_times(op_times)
     if slow_submit_job_after is not None and slow_submit is None:
         raise click.BadParameter("needs --slow-submit", param_hint="--slow-submit-job-after")
+    if tls_dir is not None and no_tls:
+        raise click.BadParameter("cannot be used with --no-tls", param_hint="--tls-dir")
     password = password_file.read_text().strip() if password_file is not None else None
 
     async def serve() -> None:
         fake = FakeGaneti(
             nodes=nodes, queue_dir=queue_dir, latency=jittered(latency, jitter), max_clients=max_clients, tls=not no_tls, host=host,
             port=port, username=username, password=password, max_running_jobs=max_running_jobs, op_times=times,
-            archive_after=archive_after,
+            archive_after=archive_after, tls_dir=tls_dir,
         )  # fmt: skip
         try:
             await fake.start()
+        except ValueError as exc:  # a --tls-dir whose certificate cannot be used
+            raise click.BadParameter(str(exc), param_hint="--tls-dir") from None
         except OSError as exc:
             raise click.ClickException(
                 f"cannot listen on {host}:{port}: {exc.strerror}; pick another --port"

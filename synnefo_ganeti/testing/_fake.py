@@ -29,7 +29,7 @@ from synnefo_ganeti.testing._queue import QueueDir
 from synnefo_ganeti.testing._server import FAULT_KINDS, Fault, RapiApp
 from synnefo_ganeti.testing._slow import SlowSubmit
 from synnefo_ganeti.testing._sockets import Accepted, Listener, spawn_serving
-from synnefo_ganeti.testing._tls import write_certificate
+from synnefo_ganeti.testing._tls import keep_certificate, write_certificate
 
 __all__ = ["FakeGaneti"]
 
@@ -80,6 +80,9 @@ class FakeGaneti:
     * ``latency``: seconds added to every answer, or a callable drawing them;
     * ``max_clients``: requests served at once (ganeti-rapi's 20); more wait;
     * ``tls``: HTTPS with a generated certificate (``ca_file``), else plain HTTP;
+      ``tls_dir``: keep the certificate there (``rapi.pem``, ``rapi.key``: reused if present,
+      else made there and kept), so that ``ca_file`` and ``fingerprint`` stay the same across
+      restarts (default: a new one at each start, removed on exit);
     * ``host``/``port``: where to listen (default 127.0.0.1 and a free port);
     * ``username``/``password``: RAPI credentials (default ``fake`` and a random one);
     * ``max_running_jobs``, ``op_times`` (seconds per ``OP_ID``, and ``"dry_run"``),
@@ -101,6 +104,7 @@ class FakeGaneti:
         latency: float | Callable[[], float] = 0.0,
         max_clients: int = 20,
         tls: bool = True,
+        tls_dir: str | os.PathLike[str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         username: str = "fake",
@@ -131,9 +135,12 @@ class FakeGaneti:
         for key, seconds in (op_times or {}).items():
             if seconds < 0:
                 raise ValueError(f"op_times[{key!r}] must be >= 0 seconds, not {seconds}")
+        if tls_dir is not None and not tls:
+            raise ValueError("tls_dir needs tls=True")
         self.host = host
         self.port = port
         self.tls = tls
+        self.tls_dir = Path(tls_dir) if tls_dir is not None else None
         self.username = username
         self.password = password or secrets.token_urlsafe(12)
         self.fsync = fsync
@@ -290,6 +297,8 @@ class FakeGaneti:
         await self.stop()
 
     async def start(self) -> None:
+        # A kept certificate first: a bad tls_dir fails before anything is made.
+        kept = keep_certificate(self.tls_dir) if self.tls and self.tls_dir is not None else None
         # Job files go to tmpfs where there is one: a disk renames ~1,500 small files/s, which
         # at 100 submits/s (7 versions each) would stall the server's event loop.
         base = _SHM if _SHM_USABLE else None
@@ -300,7 +309,7 @@ class FakeGaneti:
         self._rapi = RapiApp(self._cluster, self.username, self.password, **self._app_kwargs)
         self._ssl = None
         if self.tls:
-            cert, key, self.fingerprint = write_certificate(self._temp)
+            cert, key, self.fingerprint = kept or write_certificate(self._temp)
             self.ca_file = str(cert)
             self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             self._ssl.load_cert_chain(cert, key)
