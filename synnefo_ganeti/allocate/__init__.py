@@ -3,6 +3,13 @@ compare; and, inside a backend, the node (:mod:`._nodes`), never one down or off
 
 from __future__ import annotations
 
+from synnefo_ganeti.allocate._addresses import (
+    NetworkPool,
+    address_shortage,
+    backend_range,
+    network_refusals,
+    reserved_elsewhere,
+)
 from synnefo_ganeti.allocate._catalog import Catalog, check_name, check_numbers, check_spec, refusals
 from synnefo_ganeti.allocate._liveness import NodeChange, NodeLiveness, NodeState, NodeStateName
 from synnefo_ganeti.allocate._nodes import (
@@ -34,6 +41,7 @@ __all__ = [
     "InstancePolicy",
     "NetworkLink",
     "NetworkOffer",
+    "NetworkPool",
     "NoCapacityError",
     "NodeChange",
     "NodeLiveness",
@@ -46,11 +54,15 @@ __all__ = [
     "Requirement",
     "Reservation",
     "Strategy",
+    "address_shortage",
+    "backend_range",
     "check_name",
     "check_numbers",
     "check_spec",
     "choose_nodes",
     "chooses_nodes",
+    "network_refusals",
     "placed_spec",
     "refusals",
+    "reserved_elsewhere",
 ]

@@ -42,6 +42,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from synnefo_ganeti.allocate._addresses import address_shortage
 from synnefo_ganeti.allocate._catalog import refusals
 from synnefo_ganeti.allocate._liveness import NodeChange, NodeLiveness, NodeState, NodeStateName
 from synnefo_ganeti.allocate._nodes import NodeLoad, choose_nodes, node_loads
@@ -224,6 +225,10 @@ class Allocator:
             refused = refusals(view.catalog, req.spec)
             if refused:
                 return 0, ", ".join(r.reason for r in refused)
+            pending_specs = [r.requirement.spec for r in backend.reservations.values()]
+            short = address_shortage(view.catalog.networks or {}, req.spec, pending_specs)
+            if short is not None:
+                return 0, short
         if view.disk_templates and req.disk_template not in view.disk_templates:
             enabled = ", ".join(sorted(view.disk_templates))
             return 0, f"disk template {req.disk_template} not enabled (enabled: {enabled})"

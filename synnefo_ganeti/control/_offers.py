@@ -29,7 +29,7 @@ async def read_catalog(name: str, client: RapiClient, catalogs: Catalogs) -> Bac
         client.list_groups(),
         catalogs.oses(name, client),
     )
-    catalogs.update(name, info, nodes, oses)  # the create checks see the same answers
+    catalogs.update(name, info, nodes, oses, networks)  # the create checks see the same answers
     return BackendCatalog.of(
         name,
         info=info,

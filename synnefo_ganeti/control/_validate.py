@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from synnefo_ganeti.allocate import Catalog, check_name, check_numbers, check_spec
 from synnefo_ganeti.config import Settings
-from synnefo_ganeti.errors import GanetiError, RapiNotFoundError
-from synnefo_ganeti.rapi import ClusterInfo, InstanceSpec, Node, RapiClient
+from synnefo_ganeti.errors import GanetiError, RapiNotFoundError, ValidationError
+from synnefo_ganeti.rapi import ClusterInfo, InstanceSpec, Network, Node, RapiClient
 
 __all__ = ["CATALOG_INTERVAL", "Catalogs", "SpecChecker"]
 
@@ -84,8 +84,8 @@ class Catalogs:
             try:
                 async with asyncio.timeout(self.timeout):
                     client = await self._client(name)
-                    info, nodes, oses = await asyncio.gather(
-                        client.info(), client.list_nodes(), self.oses(name, client)
+                    info, nodes, oses, networks = await asyncio.gather(
+                        client.info(), client.list_nodes(), self.oses(name, client), networks_of(client)
                     )
             except (GanetiError, TimeoutError) as exc:
                 self._failed[name] = time.monotonic()
@@ -93,16 +93,36 @@ class Catalogs:
                     "backend %s: catalog not fetched (%s); its checks are skipped", name, exc or "timeout"
                 )
                 return
-            self._store(name, info, nodes, oses)
+            self._store(name, info, nodes, oses, networks)
 
-    def _store(self, name: str, info: ClusterInfo, nodes: list[Node], oses: frozenset[str] | None) -> None:
-        self._known[name] = (time.monotonic(), Catalog.of(name, info, nodes, oses))
+    def _store(
+        self,
+        name: str,
+        info: ClusterInfo,
+        nodes: list[Node],
+        oses: frozenset[str] | None,
+        networks: list[Network] | None = None,
+    ) -> None:
+        self._known[name] = (time.monotonic(), Catalog.of(name, info, nodes, oses, networks))
         self._failed.pop(name, None)
 
-    def update(self, name: str, info: ClusterInfo, nodes: list[Node], oses: frozenset[str] | None) -> Catalog:
+    def update(
+        self,
+        name: str,
+        info: ClusterInfo,
+        nodes: list[Node],
+        oses: frozenset[str] | None,
+        networks: list[Network] | None = None,
+    ) -> Catalog:
         """A catalog from answers read elsewhere (the dispatcher's node stats), kept and returned."""
-        self._store(name, info, nodes, oses)
+        self._store(name, info, nodes, oses, networks)
         return self._known[name][1]
+
+    def outdated(self, names: Iterable[str]) -> None:
+        """Read ``names``' catalogs again on next use (their OS lists kept): a network made since."""
+        for name in names:
+            self._known.pop(name, None)
+            self._failed.pop(name, None)
 
     async def oses(self, name: str, client: RapiClient | None = None) -> frozenset[str] | None:
         """``GET /2/os`` of ``name``, asked at most every ``interval`` s; ``None``: not known."""
@@ -137,4 +157,20 @@ class SpecChecker:
         check_numbers(spec)
         eligible = [b.name for b in self._settings().backends if not b.drained]
         names = [backend] if backend is not None else eligible
-        check_spec(spec, await self.catalogs.get(names))
+        try:
+            check_spec(spec, await self.catalogs.get(names))
+        except ValidationError as exc:
+            if not (exc.field or "").startswith("nics["):
+                raise
+            # a network made after the catalogs were read: read them again before refusing
+            self.catalogs.outdated(names)
+            check_spec(spec, await self.catalogs.get(names))
+
+
+async def networks_of(client: RapiClient) -> list[Network] | None:
+    """``GET /2/networks?bulk=1``; None when it cannot be read (the network checks are skipped)."""
+    try:
+        return await client.list_networks()
+    except GanetiError as exc:
+        log.info("networks not read (%s); their checks are skipped", exc)
+        return None

@@ -15,6 +15,7 @@ import time
 from synnefo_ganeti import metrics
 from synnefo_ganeti.allocate import BackendView
 from synnefo_ganeti.config import BackendSettings
+from synnefo_ganeti.control._validate import networks_of
 from synnefo_ganeti.dispatch._base import _Backend, _replace
 from synnefo_ganeti.dispatch._follow import RecordedJobs
 from synnefo_ganeti.dispatch._node_watch import NODES_TASK, NodeWatch
@@ -199,8 +200,9 @@ class BackendWiring(NodeWatch):
         read_at = time.monotonic()
         try:
             # the OS list is asked seldom (a job in Ganeti): Catalogs keeps it CATALOG_INTERVAL s
-            nodes, info, oses = await asyncio.gather(
-                client.list_nodes(), client.info(), self.catalogs.oses(name, client)
+            # and the networks: placement goes where a spec's networks are and have addresses
+            nodes, info, oses, networks = await asyncio.gather(
+                client.list_nodes(), client.info(), self.catalogs.oses(name, client), networks_of(client)
             )
         except GanetiError as exc:
             log.info("backend %s: node stats not refreshed (%s)", name, exc)
@@ -219,7 +221,7 @@ class BackendWiring(NodeWatch):
                 drained=settings.drained or (view.drained if by_operator is None else name in by_operator),
                 healthy=self.health.tracker.is_up(name) if self.health is not None else True,
                 stats_at=read_at,
-                catalog=self.catalogs.update(name, info, nodes, oses),
+                catalog=self.catalogs.update(name, info, nodes, oses, networks),
             )
         )
         await self._nodes_read(name, nodes, read_at, changes)

@@ -7,8 +7,12 @@ before (the job id) and after (its outcome) it runs, which is what lets a step c
 by a crash be found (``pending``) and finished by a later pass:
 
 * :func:`make_on_backend`: ``OP_NETWORK_ADD`` unless Ganeti has the network already
-  (a pass resuming an earlier try), then one ``OP_NETWORK_CONNECT`` per group it
-  should be connected to and is not; the backend's row ends ``active`` (or ``error``).
+  (a pass resuming an earlier try); on a network of several backends, one
+  ``OP_NETWORK_SET_PARAMS`` reserving externally the addresses of the other backends'
+  ranges that its pool does not hold reserved yet (``allocate/_addresses.py``: one
+  address space, each backend handing out its own range), before any group is connected;
+  then one ``OP_NETWORK_CONNECT`` per group it should be connected to and is not; the
+  backend's row ends ``active`` (or ``error``).
 * :func:`remove_from_backend`: refused (:class:`ConflictError`) while Ganeti lists
   instances on the network; else ``OP_NETWORK_DISCONNECT`` per connected group, then
   ``OP_NETWORK_REMOVE``; the backend's row goes. A network Ganeti does not have is gone
@@ -23,12 +27,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
+from synnefo_ganeti.allocate import reserved_elsewhere
 from synnefo_ganeti.errors import ConflictError, GanetiError, JobFailedError, RapiNotFoundError
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import Network, RapiClient
 from synnefo_ganeti.store._networks import NetworkState, NetworkStore, StoredNetwork
 
-__all__ = ["default_link", "find_network", "make_on_backend", "remove_from_backend", "run_job"]
+__all__ = [
+    "default_link",
+    "external_of",
+    "find_network",
+    "make_on_backend",
+    "remove_from_backend",
+    "run_job",
+    "unreserved_elsewhere",
+]
 
 log = logging.getLogger("synnefo_ganeti.networks")
 
@@ -81,6 +94,21 @@ def connected_groups(network: Network) -> list[str]:
     return [str(entry[0]) for entry in network.group_list if isinstance(entry, list | tuple) and entry]
 
 
+def external_of(network: Network) -> set[str]:
+    """The addresses Ganeti's pool holds reserved externally (``external_reservations``)."""
+    return {a.strip() for a in (network.external_reservations or "").split(",") if a.strip()}
+
+
+def unreserved_elsewhere(stored: StoredNetwork, backend: str, network: Network) -> list[str]:
+    """The addresses of the other backends' ranges that ``backend``'s pool (``network``, as
+    Ganeti has it) does not hold reserved externally: those it could hand out twice."""
+    elsewhere = reserved_elsewhere(stored.subnet, stored.gateway, stored.backends, backend)
+    if not elsewhere:
+        return []
+    external = external_of(network)
+    return [address for address in elsewhere if address not in external]
+
+
 async def make_on_backend(
     client: RapiClient,
     networks: NetworkStore,
@@ -118,6 +146,19 @@ async def make_on_backend(
                     mac_prefix=network.mac_prefix,
                     tags=network.tags or None,
                     reason=f"synnefo-ganeti: network {network.id}",
+                ),
+                timeout=timeout,
+            )
+            found = await find_network(client, name)
+        missing = [] if found is None else unreserved_elsewhere(network, backend, found)
+        if missing:  # before any group is connected: no NIC takes an address of another backend
+            await run_job(
+                client,
+                networks,
+                name,
+                backend,
+                lambda: client.modify_network(
+                    name, add_reserved_ips=missing, reason=f"synnefo-ganeti: network {network.id} range"
                 ),
                 timeout=timeout,
             )

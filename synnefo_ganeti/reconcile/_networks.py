@@ -32,6 +32,11 @@ three for one backend (what the reconciler calls). The kinds:
   holds free, so Ganeti could give it to another NIC. Fix: reserve it externally
   (``add_reserved_ips``), so it is never handed out; release it by hand once the
   instance is gone.
+* ``address_conflict``: one address of a stored network held by two instances: two stored
+  instances (not DESTROYED, on any backends) whose NICs on that network have it, or two
+  backends' pools holding it for an instance. Report-only: one of the instances must change
+  address or go. Found across backends (:func:`plan_conflicts`, after every backend's
+  check of one pass); each backend involved reports it.
 
 Networks with a job in flight are left alone: a row pending for less than ``grace``
 seconds yields no drift, and address drift is not checked on a network while a stored
@@ -67,6 +72,8 @@ __all__ = [
     "NetworkSnapshot",
     "apply_network_fixes",
     "check_networks",
+    "conflicts_by_backend",
+    "plan_conflicts",
     "plan_networks",
     "snapshot_networks",
 ]
@@ -85,10 +92,15 @@ class NetworkDriftKind(enum.StrEnum):
     PENDING = "network_pending"
     ADDRESS_UNUSED = "address_unused"
     ADDRESS_UNRESERVED = "address_unreserved"
+    ADDRESS_CONFLICT = "address_conflict"
 
 
 #: the kinds whose fix acts in the database or Ganeti when asked (orphans need ``delete_orphans``)
-FIXABLE = frozenset(NetworkDriftKind) - {NetworkDriftKind.ADDRESS_UNUSED, NetworkDriftKind.ORPHAN}
+FIXABLE = frozenset(NetworkDriftKind) - {
+    NetworkDriftKind.ADDRESS_UNUSED,
+    NetworkDriftKind.ORPHAN,
+    NetworkDriftKind.ADDRESS_CONFLICT,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +294,57 @@ def plan_networks(snapshot: NetworkSnapshot, *, grace: float = NETWORK_GRACE) ->
     return drifts
 
 
+def plan_conflicts(snapshots: Iterable[NetworkSnapshot]) -> list[NetworkDrift]:
+    """``address_conflict`` drifts across backends (one per backend involved); no I/O.
+
+    Only the stored networks count (one address space across their backends; same-named
+    networks of Ganeti that the control plane did not make are separate), and a backend's
+    pool only when it has the stored subnet."""
+    holders: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    pools: dict[tuple[str, str], set[str]] = {}
+    for snapshot in snapshots:
+        backend = snapshot.backend
+        for instance in snapshot.instances:
+            for nic in instance.nics or []:
+                if not isinstance(nic, Mapping) or nic.get("network") not in snapshot.stored:
+                    continue
+                if _is_ip(nic.get("ip")):
+                    found = holders.setdefault((str(nic["network"]), str(nic["ip"])), [])
+                    if (backend, instance.name) not in found:
+                        found.append((backend, instance.name))
+        for name, stored in snapshot.stored.items():
+            net = snapshot.ganeti.get(name)
+            if stored.on(backend) is None or net is None or (net.network or None) != stored.subnet:
+                continue
+            reserved, external = _reserved(net)
+            for ip in reserved - external:
+                pools.setdefault((name, ip), set()).add(backend)
+    drifts: list[NetworkDrift] = []
+    for key in sorted(set(holders) | set(pools), key=lambda k: (k[0], ipaddress.IPv4Address(k[1]))):
+        name, ip = key
+        held, in_pools = holders.get(key, []), sorted(pools.get(key, ()))
+        if len(held) < 2 and len(in_pools) < 2:
+            continue
+        said = ", ".join(f"{instance} ({backend})" for backend, instance in sorted(held)) or "none stored"
+        detail = (
+            f"address {ip} of network {name} is held by {max(len(held), len(in_pools))} instances: {said}"
+            + (f"; the pools of {', '.join(in_pools)} hold it for an instance" if len(in_pools) > 1 else "")
+        )
+        drifts.extend(
+            NetworkDrift(NetworkDriftKind.ADDRESS_CONFLICT, backend, name, detail, address=ip)
+            for backend in sorted({b for b, _ in held} | set(in_pools))
+        )
+    return drifts
+
+
+def conflicts_by_backend(snapshots: Iterable[NetworkSnapshot]) -> dict[str, list[NetworkDrift]]:
+    """:func:`plan_conflicts` by backend (what each backend's report adds)."""
+    out: dict[str, list[NetworkDrift]] = {}
+    for drift in plan_conflicts(snapshots):
+        out.setdefault(drift.backend, []).append(drift)
+    return out
+
+
 async def snapshot_networks(
     store: Store,
     client: RapiClient,
@@ -400,9 +463,13 @@ async def check_networks(
     grace: float = NETWORK_GRACE,
     timeout: float | None = None,
     stored: Iterable[StoredNetwork] | None = None,
+    seen: list[NetworkSnapshot] | None = None,
 ) -> list[NetworkDrift]:
-    """One backend: the snapshot, the plan, the fixes asked for; the drifts found."""
+    """One backend: the snapshot, the plan, the fixes asked for; the drifts found.
+    ``seen``: the snapshot is appended to it (a pass's conflicts across backends)."""
     snapshot = await snapshot_networks(store, client, backend, owns=owns, stored=stored)
+    if seen is not None:
+        seen.append(snapshot)
     drifts = plan_networks(snapshot, grace=grace)
     fixes = list(fixes)
     if drifts and (fixes or delete_orphans):

@@ -34,7 +34,13 @@ from synnefo_ganeti.rapi import RapiClient
 from synnefo_ganeti.reconcile._fetch import INSTANCE_FIELDS
 from synnefo_ganeti.reconcile._job_file import job_file
 from synnefo_ganeti.reconcile._marks import ours, record_marks
-from synnefo_ganeti.reconcile._networks import NetworkDrift, NetworkDriftKind, check_networks
+from synnefo_ganeti.reconcile._networks import (
+    NetworkDrift,
+    NetworkDriftKind,
+    NetworkSnapshot,
+    check_networks,
+    conflicts_by_backend,
+)
 from synnefo_ganeti.reconcile._observe import observed_changes
 from synnefo_ganeti.reconcile._pass import PassReads, PassRows, settle
 from synnefo_ganeti.reconcile._plan import (
@@ -329,6 +335,7 @@ class Reconciler(BackendResources):
         delete_orphans: bool,
         timeout: float,
         reads: PassReads | None,
+        seen: list[NetworkSnapshot] | None = None,
     ) -> list[NetworkDrift]:
         async with asyncio.timeout(timeout):
             client = await self.client(backend)
@@ -341,6 +348,7 @@ class Reconciler(BackendResources):
                 delete_orphans=delete_orphans,
                 timeout=timeout,
                 stored=None if reads is None else await reads.networks(),  # the pass's: read once
+                seen=seen,
             )
         for drift in drifts:
             DRIFT_FOUND.labels(backend, drift.kind.value).inc()
@@ -354,17 +362,19 @@ class Reconciler(BackendResources):
         delete_orphans: bool = False,
         network_fixes: Collection[NetworkDriftKind | str] = frozenset(),
         reads: PassReads | None = None,
+        seen: list[NetworkSnapshot] | None = None,
     ) -> BackendReport:
         """One backend: snapshots under its timeout, the plan, the requested fixes; never raises.
 
         The networks are checked at the same time as the instances (their answers take as long).
-        ``reads``: the pass's database reads (see :meth:`snapshots`)."""
+        ``reads``: the pass's database reads (see :meth:`snapshots`); ``seen``: its network
+        snapshot is appended (:meth:`run_once` finds the address conflicts across backends)."""
         started = time.monotonic()
         timeout = self.settings.reconcile_timeout(backend)
         drifts: list[Drift] = []  # kept when the fixes fail: what was found is still reported
         observed_count = marked = 0
         networks = asyncio.ensure_future(
-            self._check_networks(backend, network_fixes, delete_orphans, timeout, reads)
+            self._check_networks(backend, network_fixes, delete_orphans, timeout, reads, seen)
         )
         try:
             async with asyncio.timeout(timeout):
@@ -440,6 +450,7 @@ class Reconciler(BackendResources):
         # cycle made meanwhile waits for the pass's end (bounded by the backends' timeouts).
         # One database snapshot for the pass, taken before any backend is asked; each backend's
         # rows are read in it while the backends answer (_pass.PassReads).
+        seen: list[NetworkSnapshot] = []
         with gc_paused():
             async with PassReads(self.store, names) as reads:
                 reports = await asyncio.gather(
@@ -450,10 +461,16 @@ class Reconciler(BackendResources):
                             delete_orphans=delete_orphans,
                             network_fixes=network_fixes,
                             reads=reads,
+                            seen=seen,
                         )
                         for name in names
                     )
                 )
+        conflicts = conflicts_by_backend(seen)  # address_conflict: across the backends' snapshots
+        for report in [r for r in reports if r.ok]:
+            for drift in conflicts.get(report.name, []):
+                report.networks.append(drift)
+                DRIFT_FOUND.labels(report.name, drift.kind.value).inc()
         return Report(list(reports))
 
     async def run_forever(
