@@ -77,6 +77,10 @@ class Catalog:
     policy_templates: frozenset[str] | None = None  # the ipolicy's "disk-templates"
     largest_memory: int | None = None  # MiB, the largest usable node's total memory
     largest_disk: int | None = None  # MiB, the largest usable node's total disk
+    #: MiB, the most memory an instance can ever have on a usable node: its total less what the
+    #: node uses itself (``mnode``), the most it can ever free
+    memory_room: int | None = None
+    largest_cpus: int | None = None  # the most CPUs of a usable node
     #: its Ganeti networks by name (``GET /2/networks?bulk=1``; ``allocate/_addresses.py``)
     networks: Mapping[str, NetworkPool] | None = None
 
@@ -96,13 +100,17 @@ class Catalog:
             policy = PolicyBounds.parse(info.ipolicy)
             allowed = info.ipolicy.get("disk-templates")
             policy_templates = frozenset(str(t) for t in allowed) if isinstance(allowed, list) else None
-        largest_memory = largest_disk = None
+        largest_memory = largest_disk = memory_room = largest_cpus = None
         if nodes is not None:
             usable = [n for n in nodes if not n.offline and not n.drained and n.vm_capable is not False]
             memories = [n.mtotal for n in usable if n.mtotal is not None]
             disks = [n.dtotal for n in usable if n.dtotal is not None]
             largest_memory = max(memories) if memories else None
             largest_disk = max(disks) if disks else None
+            rooms = [n.mtotal - (n.mnode or 0) for n in usable if n.mtotal is not None]
+            memory_room = max(rooms) if rooms else None
+            cpus = [n.ctotal for n in usable if n.ctotal is not None]
+            largest_cpus = max(cpus) if cpus else None
         return cls(
             name=name,
             oses=frozenset(oses) if oses is not None else None,
@@ -111,6 +119,8 @@ class Catalog:
             policy_templates=policy_templates,
             largest_memory=largest_memory,
             largest_disk=largest_disk,
+            memory_room=memory_room,
+            largest_cpus=largest_cpus,
             networks=None if networks is None else pools_of(networks),
         )
 
@@ -123,12 +133,19 @@ class Catalog:
         )
 
 
+#: the keys of refusals by the nodes' sizes (the others': the instance policy's keys, or None)
+NODE_MEMORY, NODE_DISK, NODE_CPUS = "node-memory", "node-disk", "node-cpus"
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a backend does not take a spec: the spec ``field`` at fault and the ``reason``."""
+    """Why a backend does not take a spec: the spec ``field`` at fault and the ``reason``;
+    ``key`` what refused it (an instance policy key such as ``disk-size``, a node limit such as
+    :data:`NODE_MEMORY`, or None)."""
 
     field: str
     reason: str
+    key: str | None = None
 
 
 def _is_int(value: Any) -> bool:
@@ -138,7 +155,8 @@ def _is_int(value: Any) -> bool:
 def check_name(name: str) -> None:
     """Raise :class:`ValidationError` unless ``name`` is a hostname Ganeti accepts."""
     labels = name.rstrip(".").split(".") if name else []
-    if not labels or len(name) > _MAX_NAME or not all(_LABEL.match(label) for label in labels):
+    # (fullmatch: ``$`` would let a trailing newline through)
+    if not labels or len(name) > _MAX_NAME or not all(_LABEL.fullmatch(label) for label in labels):
         raise ValidationError(
             f"name {name!r} is not a valid Ganeti instance name: use a DNS hostname, labels of letters, "
             "digits and hyphens (not starting or ending with a hyphen) joined by dots, at most 63 "
@@ -200,7 +218,7 @@ def refusals(catalog: Catalog, spec: InstanceSpec) -> list[Refusal]:
         best: list[Refusal] | None = None
         for pair in catalog.policy:
             errors = [
-                Refusal(field, f"{key} value {value} is not in range [{low}, {high}]")
+                Refusal(field, f"{key} value {value} is not in range [{low}, {high}]", key)
                 for key, field, value in values
                 if value is not None and key in pair.bounds
                 for low, high in [pair.bounds[key]]
@@ -209,21 +227,43 @@ def refusals(catalog: Catalog, spec: InstanceSpec) -> list[Refusal]:
             if best is None or len(errors) < len(best):
                 best = errors
         out += best or []
+    return out + _node_refusals(catalog, spec, values)
+
+
+def _node_refusals(
+    catalog: Catalog, spec: InstanceSpec, values: list[tuple[str, str, int | None]]
+) -> list[Refusal]:
+    """What no usable node of ``catalog`` can ever hold: more memory than its total less its own
+    use (the most it can ever free), more vCPUs than its CPUs (placement's rule), more disk in all
+    than its total (all of an instance's disks are on its node). Field: the size at fault."""
+    out: list[Refusal] = []
     memory = values[0][2]
-    largest = catalog.largest_memory
-    if spec.start and memory is not None and largest is not None and memory > largest:
-        out.append(Refusal(values[0][1], f"no node has {memory} MiB memory (largest {largest})"))
+    room = catalog.memory_room
+    if spec.start and memory is not None and room is not None and memory > room:
+        out.append(
+            Refusal(values[0][1], f"no node can ever free {memory} MiB memory (at most {room})", NODE_MEMORY)
+        )
+    vcpus = values[1][2]
+    if vcpus is not None and catalog.largest_cpus is not None and vcpus > catalog.largest_cpus:
+        out.append(
+            Refusal(values[1][1], f"no node has {vcpus} CPUs (at most {catalog.largest_cpus})", NODE_CPUS)
+        )
     if spec.disk_template != "diskless" and catalog.largest_disk is not None:
-        sizes = [v for key, _, v in values if key == "disk-size" and v is not None]
-        if sum(sizes) > catalog.largest_disk:
+        sizes = [(field, v) for key, field, v in values if key == "disk-size" and v is not None]
+        total = sum(v for _, v in sizes)
+        if total > catalog.largest_disk:
+            # one disk: its size is at fault; several: their sum on one node ("disks")
+            field = sizes[0][0] if len(sizes) == 1 else "disks"
             out.append(
-                Refusal("disks", f"no node has {sum(sizes)} MiB disk (largest {catalog.largest_disk})")
+                Refusal(field, f"no node has {total} MiB disk (largest {catalog.largest_disk})", NODE_DISK)
             )
     return out
 
 
-def _accepted(catalogs: Sequence[Catalog], field: str, spec: InstanceSpec) -> str:
-    """What ``field`` would be accepted as, across ``catalogs``."""
+def _accepted(
+    catalogs: Sequence[Catalog], field: str, spec: InstanceSpec, keys: frozenset[str | None] = frozenset()
+) -> str:
+    """What ``field`` would be accepted as, across ``catalogs`` (``keys``: what refused it)."""
     if field == "os":
         known = sorted({os for c in catalogs for os in c.oses or ()})
         return f"offered: {', '.join(known)}" if known else "no backend lists its OSes"
@@ -236,15 +276,17 @@ def _accepted(catalogs: Sequence[Catalog], field: str, spec: InstanceSpec) -> st
         )
         return f"enabled: {', '.join(known)}" if known else "no backend lists its templates"
     key = next((k for k, f, _ in spec_values(spec) if f == field), None)
+    if field == "disks" and "disk-count" not in keys:
+        key = None  # refused for the room of all its disks on one node, not for how many they are
     ranges = [(pair.bounds[key], c.name) for c in catalogs for pair in c.policy if key and key in pair.bounds]
     unit = _UNITS.get(key or "", "")
-    suffix = f" {unit}" if unit else ""
+    suffix = f" {unit}" if unit else (" disks" if key == "disk-count" else "")
     parts = []
-    if field == "disks":
-        largest = max((c.largest_disk for c in catalogs if c.largest_disk is not None), default=None)
-        if largest is not None:
-            parts.append(f"the largest node disk of any backend is {largest} MiB in all")
-        suffix = " disks"
+    fit = largest_fit(catalogs, spec, field)
+    if fit is not None:
+        size, at, why = fit
+        unit = "" if field == "beparams.vcpus" else " MiB" + (" in all" if field == "disks" else "")
+        parts.append(f"the largest that can fit is {size}{unit} (backend {at}: {why})")
     if ranges:
         (low, _), low_at = min(ranges, key=lambda r: r[0][0])
         (_, high), high_at = max(ranges, key=lambda r: r[0][1])
@@ -252,12 +294,43 @@ def _accepted(catalogs: Sequence[Catalog], field: str, spec: InstanceSpec) -> st
             f"the smallest any backend admits is {low}{suffix} (backend {low_at}'s instance policy), "
             f"the largest {high}{suffix} (backend {high_at}'s instance policy)"
         )
-    if key == "memory-size":
-        nodes = [(c.largest_memory, c.name) for c in catalogs if c.largest_memory is not None]
-        if nodes:
-            size, at = max(nodes)
-            parts.append(f"the largest node memory is {size} MiB (backend {at})")
     return "; ".join(parts) or "see each backend's instance policy"
+
+
+def largest_fit(catalogs: Sequence[Catalog], spec: InstanceSpec, field: str) -> tuple[int, str, str] | None:
+    """The largest value of a size ``field`` (memory, vCPUs, a disk's size, ``disks``: all disks
+    in all) that some backend of ``catalogs`` can ever take, the rest of ``spec`` as it is: its
+    instance policy's largest and what its largest usable node can hold, the smaller; with the
+    backend and what limits it there. None: not a size, or nothing known."""
+    values = spec_values(spec)
+    key = next((k for k, f, _ in values if f == field), None)
+    if field == "disks":
+        key = "disks"
+    elif key not in ("memory-size", "cpu-count", "disk-size"):
+        return None
+    others = sum(v or 0 for k, f, v in values if k == "disk-size" and f != field)
+    best: tuple[int, str, str] | None = None
+    for catalog in catalogs:
+        limits: list[tuple[int, str]] = []
+        highs = [pair.bounds[key][1] for pair in catalog.policy if key in pair.bounds]
+        if highs:
+            limits.append((max(highs), "its instance policy's largest"))
+        if key == "memory-size" and catalog.memory_room is not None:
+            limits.append((catalog.memory_room, "its largest usable node less what the node uses itself"))
+        elif key == "cpu-count" and catalog.largest_cpus is not None:
+            limits.append((catalog.largest_cpus, "the CPUs of its largest usable node"))
+        elif key == "disk-size" and catalog.largest_disk is not None:
+            room = max(0, catalog.largest_disk - others)
+            limits.append(
+                (room, "its largest usable node's disk" + (", less the other disks" if others else ""))
+            )
+        elif key == "disks" and catalog.largest_disk is not None:
+            limits.append((catalog.largest_disk, "its largest usable node's disk"))
+        if limits:
+            size, why = min(limits)
+            if best is None or size > best[0]:
+                best = (size, catalog.name, why)
+    return best
 
 
 def check_spec(spec: InstanceSpec, catalogs: Sequence[Catalog]) -> None:
@@ -281,14 +354,16 @@ def check_spec(spec: InstanceSpec, catalogs: Sequence[Catalog]) -> None:
             counts[field] = counts.get(field, 0) + 1
     field = max(counts, key=lambda f: (counts[f], -order.index(f) if f in order else -len(order)))
     value = _field_value(spec, field)
+    keys = frozenset(r.key for refused in reasons.values() for r in refused if r.field == field)
     detail = "; ".join(f"{name}: {', '.join(r.reason for r in refused)}" for name, refused in reasons.items())
     if counts[field] == len(catalogs):
         raise ValidationError(
-            f"{field} {value}: no backend admits it; {_accepted(catalogs, field, spec)} ({detail})",
+            f"{field} {value}: no backend admits it; {_accepted(catalogs, field, spec, keys)} ({detail})",
             field=field,
         )
     raise ValidationError(
-        f"no backend takes this spec as a whole ({detail}); change {field} ({_accepted(catalogs, field, spec)})",
+        f"no backend takes this spec as a whole ({detail}); change {field} "
+        f"({_accepted(catalogs, field, spec, keys)})",
         field=field,
     )
 
@@ -305,7 +380,8 @@ def _field_value(spec: InstanceSpec, field: str) -> str:
         nic = spec.nics[int(index)] if index.isdigit() and int(index) < len(spec.nics) else {}
         return str(nic.get(key, "")) if isinstance(nic, Mapping) else ""
     if field == "disks":
-        return f"({len(spec.disks)} disks)"
+        total = sum(v or 0 for key, _, v in spec_values(spec) if key == "disk-size")
+        return f"({len(spec.disks)} disks, {total} MiB in all)"
     for key, name, value in spec_values(spec):
         if name == field:
             unit = _UNITS.get(key)

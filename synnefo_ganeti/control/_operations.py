@@ -281,7 +281,10 @@ class InstanceOperations:
         unique = self.settings.ownership.unique_names
 
         def name_free(conn: Connection) -> None:
-            check_name_free(conn, new_name, backend=instance.backend, unique_names=unique)
+            # (itself excluded: a new case of its own name is a rename Ganeti takes)
+            check_name_free(
+                conn, new_name, backend=instance.backend, unique_names=unique, exclude_instance=instance.id
+            )
 
         return await self._operate(
             instance,

@@ -45,6 +45,16 @@ def _one_default_nic() -> list[dict[str, Any]]:
     return [{}]
 
 
+def _unprintable(char: str) -> bool:
+    """Whitespace or a control character (Unicode categories Cc, Cf, Zs, Zl, Zp)."""
+    return char.isspace() or not char.isprintable()
+
+
+def _char_name(char: str) -> str:
+    names = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", " ": "a space"}
+    return names.get(char, f"the character U+{ord(char):04X}")
+
+
 class Timestamp(NamedTuple):
     """Ganeti's ``[seconds, microseconds]``."""
 
@@ -99,6 +109,20 @@ class InstanceSpec(BaseModel):
     name_check: bool = False
     ip_check: bool = False
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name_has_no_space(cls, value: str) -> str:
+        # refused, never stripped: a name is what Ganeti and DNS will hold (the full hostname
+        # rules are the facade's check, allocate.check_name)
+        bad = next((i for i, char in enumerate(value) if _unprintable(char)), None)
+        if bad is not None:
+            raise ValueError(
+                f"name {value!r} holds {_char_name(value[bad])} at position {bad}: Ganeti and DNS take "
+                "no whitespace or control characters in a name; send the hostname alone "
+                "(letters, digits, hyphens and dots)"
+            )
+        return value
 
     @field_validator("extra")
     @classmethod

@@ -1,10 +1,10 @@
 """The change feed: reading the ``changes`` table in id order, and waiting for new rows.
 
-Rows are written by database triggers (migrations 0005 and 0010) on every insert of a request
-or an instance and on updates of a request's status or error and of an instance's status,
-task, last error or node state, so that every process's writes are in the feed (the API's,
-the CLI's, the dispatcher's), in commit order: on PostgreSQL the trigger takes the writers' advisory
-lock, so a smaller id is never committed after a larger one has been read.
+Rows are written by database triggers (migrations 0005, 0010 and 0012) on every insert of a
+request or an instance and on updates of a request's status, error or waiting reason and of an
+instance's status, task, last error or node state, so that every process's writes are in the
+feed (the API's, the CLI's, the dispatcher's), in commit order: on PostgreSQL the trigger takes
+the writers' advisory lock, so a smaller id is never committed after a larger one has been read.
 
 Waiting (:class:`ChangeWaiter`): this process's writer wakes a waiter at once; on
 PostgreSQL, LISTEN on ``synnefo_ganeti_changes`` (the trigger NOTIFYs the new id at commit)
@@ -60,7 +60,9 @@ class Change:
     ``task`` (instances only) and ``error`` (a request's error, an instance's last error
     message) are the values after the change; ``at`` when it was written (UTC);
     ``node_state`` (instances only) the state of its primary node after the change: None
-    while up, "down" or "offline" (see ``StoredInstance.node_state``).
+    while up, "down" or "offline" (see ``StoredInstance.node_state``); ``waiting_reason``
+    (requests only) why the dispatcher cannot place it now, None when it is not waiting (see
+    ``Request.waiting_reason``).
     """
 
     id: int
@@ -71,10 +73,11 @@ class Change:
     error: str | None
     at: datetime
     node_state: str | None = None
+    waiting_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The fields as JSON values (``at`` in ISO 8601): the webhook's body. ``node_state``
-        is there for an instance's change only."""
+        is there for an instance's change only, ``waiting_reason`` for a request's."""
         body = {
             "id": self.id,
             "kind": self.kind,
@@ -86,6 +89,8 @@ class Change:
         }
         if self.kind == "instance":
             body["node_state"] = self.node_state
+        else:
+            body["waiting_reason"] = self.waiting_reason
         return body
 
 
@@ -99,6 +104,7 @@ def _change(row: Row[Any]) -> Change:
         error=row.error,
         at=datetime.fromtimestamp(row.at, UTC),
         node_state=row.node_state,
+        waiting_reason=row.waiting_reason,
     )
 
 

@@ -85,6 +85,9 @@ class Request:
     ``{"attempt", "backend", "node", "job_id", "error", "at"}`` (``attempt``: the placement it
     was, as counted in ``attempts``; ``node``: the node its error names, or None; ``at``: ISO
     time): kept when it is placed again, and when it finally fails.
+    ``waiting_reason``: why the dispatcher cannot place it now (no backend has room, every
+    backend down or drained, ...: the backends' reasons, as the dispatcher last found them);
+    None when it is not waiting (not tried yet, placed, or ended).
     """
 
     id: str
@@ -105,6 +108,7 @@ class Request:
     finished_at: datetime | None
     instance_id: str | None = None
     attempt_errors: list[dict[str, Any]] = field(default_factory=list)
+    waiting_reason: str | None = None
 
     @property
     def is_final(self) -> bool:
@@ -125,6 +129,7 @@ class Request:
         "want_backend",
         "attempts",
         "attempt_errors",
+        "waiting_reason",
         "claimed_by",
         "cancel_requested",
         "created_at",
@@ -159,6 +164,7 @@ class Request:
             finished_at=row.finished_at,
             instance_id=row.instance_uuid,
             attempt_errors=list(row.attempt_errors or ()),
+            waiting_reason=row.waiting_reason,
         )
 
 
@@ -333,7 +339,14 @@ def finish(
     conn.execute(
         update(requests_t)
         .where(requests_t.c.id == request_id, requests_t.c.status.in_(_OPEN))
-        .values(status=status.value, error=error, finished_at=now, updated_at=now, claimed_by=None)
+        .values(
+            status=status.value,
+            error=error,
+            finished_at=now,
+            updated_at=now,
+            claimed_by=None,
+            waiting_reason=None,
+        )
     )
     return must_get(conn, request_id)
 
@@ -350,7 +363,9 @@ def place(conn: Connection, request_id: str, dispatcher: str, backend_id: int) -
     conn.execute(
         update(requests_t)
         .where(requests_t.c.id == request_id)
-        .values(backend_id=backend_id, attempts=requests_t.c.attempts + 1, updated_at=now)
+        .values(
+            backend_id=backend_id, attempts=requests_t.c.attempts + 1, updated_at=now, waiting_reason=None
+        )
     )
     return must_get(conn, request_id)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, delete, insert, select, tuple_, update
+from sqlalchemy import bindparam, delete, func, insert, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from synnefo_ganeti.jobs import JobStatus
@@ -68,15 +68,17 @@ class SubmittedArgs:
 # The hot statements, built once: built per batch (and a burst's API writes batches of a few
 # requests), their construction and cache keys cost more than running them.
 _REQUESTS = select_requests().where(requests_t.c.id.in_(bindparam("b_ids", expanding=True)))
+# names compare whatever their case (``lower(name)``, as store/_names.py): these take lowered names
 _HOLDERS = select(requests_t.c.id, requests_t.c.name).where(
-    requests_t.c.name.in_(bindparam("b_names", expanding=True)), requests_t.c.status.in_(_OPEN)
+    func.lower(requests_t.c.name).in_(bindparam("b_names", expanding=True)), requests_t.c.status.in_(_OPEN)
 )
 _EXISTING = select(requests_t.c.id).where(requests_t.c.id.in_(bindparam("b_ids", expanding=True)))
 _LIVE_NAMES = select(instances_t.c.name).where(
-    instances_t.c.name.in_(bindparam("b_names", expanding=True)), instances_t.c.status != _DESTROYED
+    func.lower(instances_t.c.name).in_(bindparam("b_names", expanding=True)),
+    instances_t.c.status != _DESTROYED,
 )
 _NAMED = select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name, instances_t.c.status).where(
-    instances_t.c.name.in_(bindparam("b_names", expanding=True))
+    func.lower(instances_t.c.name).in_(bindparam("b_names", expanding=True))
 )
 
 
@@ -85,10 +87,10 @@ def _requests(conn: Connection, ids: Iterable[str]) -> dict[str, Any]:
 
 
 def _holders(conn: Connection, names: set[str]) -> dict[str, set[str]]:
-    """Name -> the open requests holding it."""
+    """Name, lowered -> the open requests holding it (whatever its case)."""
     holders: dict[str, set[str]] = defaultdict(set)
-    for row in conn.execute(_HOLDERS, {"b_names": sorted(names)}):
-        holders[row.name].add(row.id)
+    for row in conn.execute(_HOLDERS, {"b_names": sorted({name.lower() for name in names})}):
+        holders[row.name.lower()].add(row.id)
     return holders
 
 
@@ -97,16 +99,18 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
     name nobody holds (the rest, repeats and clashes, are left to the one-by-one add)."""
     existing = {row.id for row in conn.execute(_EXISTING, {"b_ids": [i.request_id for i in items]})}
     names = {item.name for item in items}
-    live = {row.name for row in conn.execute(_LIVE_NAMES, {"b_names": sorted(names)})}
+    lowered = sorted({name.lower() for name in names})
+    live = {row.name.lower() for row in conn.execute(_LIVE_NAMES, {"b_names": lowered})}
     holders = _holders(conn, names)
-    renamed = renaming_to(conn, names)  # names a rename in progress takes
+    renamed = renaming_to(conn, names)  # names a rename in progress takes (lowered)
     fast: list[tuple[int, AddArgs]] = []
-    taken: set[str] = set()
+    taken: set[str] = set()  # (every set here holds names lowered: a name is one whatever its case)
     for index, item in enumerate(items):
-        held = item.name in live or item.name in taken or holders[item.name] or item.name in renamed
+        key = item.name.lower()
+        held = key in live or key in taken or holders[key] or key in renamed
         if item.request_id in existing or held:
             continue
-        taken.add(item.name)
+        taken.add(key)
         existing.add(item.request_id)
         fast.append((index, item))
     outcomes: list[Outcome | None] = [None] * len(items)
@@ -142,9 +146,9 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
     names = {row.name for row in rows.values()}
     live: set[str] = set()  # names with an instance row not DESTROYED (any backend)
     last_destroyed: dict[tuple[int, str], int] = {}  # (backend, name) -> its latest DESTROYED row
-    for found in conn.execute(_NAMED, {"b_names": sorted(names)}):
+    for found in conn.execute(_NAMED, {"b_names": sorted({name.lower() for name in names})}):
         if found.status != _DESTROYED:
-            live.add(found.name)
+            live.add(found.name.lower())  # (lowered, as ``taken`` and ``holders``)
         else:
             key = (found.backend_id, found.name)
             last_destroyed[key] = max(found.id, last_destroyed.get(key, found.id))
@@ -159,12 +163,12 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
             or row.claimed_by != item.dispatcher
             or row.cancel_requested
             or row.backend_id is not None
-            or row.name in live
-            or row.name in taken
-            or holders[row.name] - {item.request_id}
+            or row.name.lower() in live
+            or row.name.lower() in taken
+            or holders[row.name.lower()] - {item.request_id}
         ):
             continue  # off the fast path: the one-by-one place says or does what is right
-        taken.add(row.name)
+        taken.add(row.name.lower())
         fast.append((index, item, row))
     outcomes: list[Outcome | None] = [None] * len(items)
     if not fast:
@@ -209,6 +213,7 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
             attempts=requests_t.c.attempts + 1,
             updated_at=bindparam("b_now"),
             instance_uuid=bindparam("b_uuid"),
+            waiting_reason=None,
         ),
         [
             {

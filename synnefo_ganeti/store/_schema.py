@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    func,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -175,6 +176,10 @@ class Instance(Base):
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
+
+# the instances by name whatever its case: names are unique case-insensitively (every name check
+# compares ``lower(name)``; migration 0012)
+Index("ix_instances_name_lower", func.lower(Instance.name))
 
 #: the renames in progress: the condition of ix_instance_jobs_renaming, as queries must spell it
 RENAMING = "applied_at IS NULL AND action = 'rename'"
@@ -341,6 +346,8 @@ class CreateRequest(Base):
     #: every failed attempt, oldest first: {"attempt", "backend", "node", "job_id", "error", "at"}
     #: (migration 0010)
     attempt_errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    #: why the dispatcher cannot place it now (None: not waiting; migration 0012)
+    waiting_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     submitted_at: Mapped[datetime | None]
@@ -349,9 +356,9 @@ class CreateRequest(Base):
 
 class ChangeRow(Base):
     """The change feed (``ControlPlane.changes``): one row per change of a request's status or
-    error, or of an instance's status, task, last error or node state. Written by database
-    triggers (migrations 0005 and 0010), so that every process's writes are in it, in commit
-    order; ``at`` is seconds since the epoch."""
+    error or waiting reason, or of an instance's status, task, last error or node state. Written
+    by database triggers (migrations 0005, 0010 and 0012), so that every process's writes are in
+    it, in commit order; ``at`` is seconds since the epoch."""
 
     __tablename__ = "changes"
 
@@ -364,6 +371,8 @@ class ChangeRow(Base):
     at: Mapped[float] = mapped_column(Double)
     #: an instance's node state after the change (None: its node is up; requests: None)
     node_state: Mapped[str | None] = mapped_column(String(16))
+    #: a request's waiting reason after the change (instances: None; migration 0012)
+    waiting_reason: Mapped[str | None] = mapped_column(Text)
 
 
 class FeedCursor(Base):

@@ -256,6 +256,7 @@ async def test_the_webhook_posts_signed_changes_and_retries_after_a_500(
             "task": None,
             "error": None,
             "at": change.at.isoformat(),
+            "waiting_reason": None,  # (a request's change carries it)
         }
         assert await store.feed.cursor("webhook") == change.id
         assert "not delivered (answered 500" in caplog.text

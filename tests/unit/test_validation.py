@@ -50,7 +50,7 @@ async def test_each_refusal_names_its_field_and_writes_nothing(db_url: str) -> N
     async with fakes(1, nodes=2, node_memory=16384, oses=("noop", "debootstrap+default")) as (f1,):
         settings = settings_for(db_url, [backend("f1", f1)])
         async with Store(db_url) as store, ControlPlane(settings, store=store) as cp:
-            await assert_refused(cp, store, spec("bad name!"), "name", "bad name!", "DNS hostname")
+            await assert_refused(cp, store, spec("bad_name!"), "name", "bad_name!", "DNS hostname")
             await assert_refused(cp, store, spec("-dash.example"), "name")
             await assert_refused(cp, store, spec("x" * 64 + ".example"), "name")
             await assert_refused(cp, store, spec(memory=-512), "beparams.memory", "positive integer")
@@ -58,9 +58,9 @@ async def test_each_refusal_names_its_field_and_writes_nothing(db_url: str) -> N
             await assert_refused(cp, store, spec(vcpus=-1), "beparams.vcpus")
             await assert_refused(cp, store, spec(vcpus=64), "beparams.vcpus", "no backend admits", "8")
             await assert_refused(cp, store, spec(memory=64), "beparams.memory", "smallest", "128 MiB")
-            # fits the policy (up to 32768) but no node of 16384 MiB, even empty
+            # fits the policy (up to 32768) but no node of 16384 MiB (1024 of them its own), even empty
             await assert_refused(
-                cp, store, spec(memory=20000), "beparams.memory", "largest node memory is 16384"
+                cp, store, spec(memory=20000), "beparams.memory", "the largest that can fit is 15360 MiB"
             )
             await assert_refused(
                 cp, store, spec(os="debian"), "os", "debian", "offered: debootstrap+default, noop"
