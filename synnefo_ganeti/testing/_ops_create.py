@@ -31,8 +31,9 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from synnefo_ganeti.testing._cluster import FakeInstance, OpFailure, new_mac, parse_size
+from synnefo_ganeti.testing._cluster import FakeInstance, OpFailure, parse_size
 from synnefo_ganeti.testing._locks import ALL
+from synnefo_ganeti.testing._macs import MacReservation
 from synnefo_ganeti.testing._node_faults import check_allocator_input, check_answers
 from synnefo_ganeti.testing._ops_networks import create_nics
 from synnefo_ganeti.testing._placement import allocate, check_pnode, check_policy, check_room, choose_node
@@ -131,6 +132,9 @@ async def instance_create(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
     )
     if node is not None:
         check_pnode(node)  # CheckPrereq
+    # ComputeNics (CheckPrereq): a MAC given is checked and reserved, the others generated
+    macs = MacReservation(cluster, create=True)
+    nics = [dict(nic) | {"mac": macs.take(dict(nic))} for nic in p.get("nics") or []]
     # Once running, the executor has turned "memory" into maxmem/minmem (written with what
     # comes next); the private/secret OS parameters appear with the first log line.
     beparams = dict(p.get("beparams") or {})
@@ -181,16 +185,15 @@ async def instance_create(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
         )
         op.result = [node.uuid]
         return
-    await _exec(cluster, job, op, node.name, maxmem, custom, disks)
+    await _exec(cluster, job, op, node.name, maxmem, custom, disks, nics)
 
 
 def _nic(nic: dict[str, Any], link: str) -> dict[str, Any]:
-    """``ComputeNics`` (cmdlib/instance_utils.py): a MAC given is kept (lower case), ``auto`` or
-    ``generate`` (the default) makes one; an IP ``none`` is no IP."""
-    mac = str(nic.get("mac") or "auto")
+    """``ComputeNics`` (cmdlib/instance_utils.py), its MAC already chosen (:mod:`._macs`); an IP
+    ``none`` is no IP."""
     ip = nic.get("ip")
     return {
-        "mac": new_mac() if mac in ("auto", "generate") else mac.lower(),
+        "mac": str(nic["mac"]),
         "uuid": str(uuid.uuid4()),
         "mode": nic.get("mode") or "bridged",
         "link": nic.get("link") or link,
@@ -201,7 +204,8 @@ def _nic(nic: dict[str, Any], link: str) -> dict[str, Any]:
 
 
 async def _exec(cluster: FakeCluster, job: FakeJob, op: FakeOp, node: str, maxmem: int,
-                custom: dict[str, Any], disks: list[dict[str, Any]]) -> None:  # fmt: skip
+                custom: dict[str, Any], disks: list[dict[str, Any]],
+                nics: list[dict[str, Any]]) -> None:  # fmt: skip
     """``LUInstanceCreate.Exec``: disks under the locks, then OS scripts and start without them."""
     p = op.luxid
     name = str(p["instance_name"])
@@ -225,7 +229,7 @@ async def _exec(cluster: FakeCluster, job: FakeJob, op: FakeOp, node: str, maxme
         name=name, pnode=node, os=str(p.get("os_type")), disk_template=str(p.get("disk_template")),
         hypervisor=str(p.get("hypervisor") or cluster.hypervisor), beparams=full,
         custom_beparams={k: v for k, v in custom.items() if k != "memory"},
-        nics=create_nics(cluster, node, list(p.get("nics") or []), lambda nic: _nic(nic, cluster.link)),
+        nics=create_nics(cluster, node, nics, lambda nic: _nic(nic, cluster.link)),
         disks=[{"size": d["size"], "uuid": str(uuid.uuid4()), "name": d.get("name")} for d in disks],
         tags=list(p.get("tags") or []), hvparams=dict(p.get("hvparams") or {}),
         admin_state="up" if p.get("start", True) else "down", oper_state=False,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from synnefo_ganeti.testing._cluster import OpFailure, new_mac
+from synnefo_ganeti.testing._macs import MacReservation
 from synnefo_ganeti.testing._model import AddressPool, FakeNetwork
 from synnefo_ganeti.testing._registry import opcode
 
@@ -149,9 +150,11 @@ def nic_mods(
     """``LUInstanceSetParams`` NIC changes (``[op, params]`` or ``[op, index, params]``): the result
     lines Ganeti writes and a function applying them. An added NIC on a network takes the mode
     and link the network has in the node's group, and ``ip=pool`` the pool's first free address;
-    a removed one gives its address back. Also the modifications as the executor resolves them
+    a removed one gives its address back; an added NIC's ``mac`` is its own (:mod:`._macs`).
+    Also the modifications as the executor resolves them
     (``[op, index, params]``, an added NIC's MAC and IP filled in)."""
     nics = [dict(nic) for nic in inst.nics]
+    macs = MacReservation(cluster, create=False)
     changes: list[list[Any]] = []
     reserve: list[tuple[FakeNetwork, str]] = []
     release: list[tuple[FakeNetwork, str]] = []
@@ -162,7 +165,7 @@ def nic_mods(
         action, params = str(mod[0]), dict(mod[-1] or {})
         index = int(mod[1]) if len(mod) == 3 and str(mod[1]).lstrip("-").isdigit() else -1
         if action == "add":
-            nic = _new_nic(cluster, inst.pnode, params, reserve)
+            nic = _new_nic(cluster, inst.pnode, params | {"mac": macs.take(params)}, reserve)
             resolved.append([action, index, params | {"ip": nic["ip"], "mac": nic["mac"]}])
             nics.append(nic) if index == -1 else nics.insert(index, nic)
             at = len(nics) - 1 if index == -1 else index
@@ -221,7 +224,8 @@ def _new_nic(
     cluster: FakeCluster, pnode: str, params: dict[str, Any], reserve: list[tuple[FakeNetwork, str]]
 ) -> dict[str, Any]:
     ip = params.get("ip")
-    nic: dict[str, Any] = {"mac": new_mac(), "uuid": str(uuid.uuid4()), "name": params.get("name"),
+    mac = params.get("mac")
+    nic: dict[str, Any] = {"mac": new_mac() if mac in (None, "auto", "generate") else str(mac), "uuid": str(uuid.uuid4()), "name": params.get("name"),
                            "mode": params.get("mode") or "bridged", "link": params.get("link") or cluster.link,
                            "ip": None if ip in (None, "none") else str(ip), "network": None}  # fmt: skip
     if params.get("network"):
