@@ -163,6 +163,8 @@ class Views:
 
     async def _instance_extra(self, instance: StoredInstance) -> dict[str, Any]:
         store = self._cp().store
+        if instance.backend is None:
+            return {"jobs": []}  # a request's instance not placed yet: no job of it so far
         recorded = await store.instance_jobs(instance.backend, instance.name)
         jobs = []
         for entry in recorded[-20:]:

@@ -38,7 +38,8 @@ from typing import Any, Self
 from synnefo_ganeti import metrics
 from synnefo_ganeti._backends import BackendResources
 from synnefo_ganeti.config import Settings
-from synnefo_ganeti.control._actions import delete, run_action, submit_refused
+from synnefo_ganeti.control._actions import Owns, run_action, submit_refused
+from synnefo_ganeti.control._deletes import DeleteFollower, delete_always, follow_deletes
 from synnefo_ganeti.control._lookup import find_instance, resolve_instance
 from synnefo_ganeti.control._networks import NetworkMethods
 from synnefo_ganeti.control._operations import InstanceOperations
@@ -48,11 +49,9 @@ from synnefo_ganeti.errors import (
     ConflictError,
     CreateOutcomeUnknownError,
     GanetiError,
-    JobNotFoundError,
     NotFoundError,
     RequestTimeoutError,
 )
-from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import InstanceSpec, RapiClient, RebootType
 from synnefo_ganeti.reconcile._observe import expectation, expected_beparams
 from synnefo_ganeti.store import (
@@ -93,6 +92,8 @@ class ControlPlane(
         self._resources = BackendResources(settings, store=store, clients=clients)
         # specs checked against the backends' catalogs before anything is written (control/_validate.py)
         self._checker = SpecChecker(lambda: self.settings, self.client)
+        # the deletes this process deferred, followed while any waits (control/_deletes.py)
+        self._deletes = DeleteFollower(lambda: self.store, self.client, self._owns)
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -107,6 +108,7 @@ class ControlPlane(
 
     async def close(self) -> None:
         """Close what the control plane opened (not a store or clients it was given)."""
+        await self._deletes.close()
         await self._resources.close()
 
     @property
@@ -203,58 +205,42 @@ class ControlPlane(
     async def delete_instance(
         self, name: str, *, backend: str | None = None, build_timeout: float | None = None
     ) -> int | None:
-        """Remove the instance from Ganeti; DESTROYED once the job succeeds (or fails because
-        Ganeti has no such instance). Returns the job id, or None when nothing was left to remove.
+        """Delete the instance, at any stage, at once: never refused as busy, never waiting.
 
-        An instance still in BUILD has its create job canceled if Ganeti has not started
-        it (the instance then never exists: DESTROYED at once, the create's job id is
-        returned); a create already running is waited for (``build_timeout``), then the
-        instance is removed as usual. A second delete returns the first one's job id; an
-        ERROR instance that Ganeti does not have ends DESTROYED without a job (None).
+        Returns the remove's job id when it was sent now (DESTROYED once it succeeds, or fails
+        because Ganeti has no such instance), the create's job id when that create was canceled
+        before Ganeti started it (DESTROYED at once), or None: nothing was left to remove, or the
+        delete follows what runs (control/_deletes.py): a request not submitted yet is canceled
+        for good, a running create or action is followed by the remove as soon as it ends. The
+        outcome comes by the change feed. A second delete returns the first one's job id.
+        ``build_timeout``: how long to wait for a canceled create job to end (10 s by default).
         Without ``backend``, ``name`` is the instance's id (as for the other actions).
         """
-        backend, name = await resolve_instance(self.store, name, backend)
-        instance = await self.store.get_instance(backend, name)
-        if instance is not None and instance.status is InstanceStatus.BUILD:
-            settled = await self._settle_build(instance, timeout=build_timeout)
-            if settled is not None:
-                return settled
+        instance = await find_instance(self.store, name, backend)
         if instance is None:
+            if backend is None:
+                raise NotFoundError(
+                    f"no instance has id {name}; check the id, or give the instance's name with its backend"
+                )
             return await self._submit(backend, name, InstanceAction.REMOVE, lambda c: c.delete_instance(name))
-        ownership = self.settings.ownership  # (no mark configured: nothing is told "not ours")
-        owns = ownership.owns if ownership.prefix is not None or ownership.tag is not None else None
-        return await delete(self.store, await self.client(backend), backend, name, owns=owns)
+        job_id, deferred = await delete_always(
+            self.store, self.client, instance, owns=self._owns(), build_timeout=build_timeout
+        )
+        if deferred:
+            log.info("delete of %s (%s): it follows what runs on it", instance.id, instance.name)
+            self._deletes.kick()
+        return job_id
 
-    async def _settle_build(self, instance: StoredInstance, *, timeout: float | None) -> int | None:
-        """Cancel or wait out a BUILD instance's create; its job id if nothing is left to remove."""
-        backend, name, job_id = instance.backend, instance.name, instance.create_job_id
-        if job_id is None:
-            raise ConflictError(
-                f"instance {name} of backend {backend} is BUILD with no create job recorded yet; "
-                "cancel its request ('synnefo-ganeti requests cancel') or wait for the reconciler"
-            )
-        client = await self.client(backend)
-        canceled = await client.cancel_job(job_id)
-        try:
-            job = await client.wait_for_job(job_id, timeout=timeout)
-        except JobNotFoundError:
-            job = None
-        if canceled.success or (job is not None and job.status is not JobStatus.SUCCESS):
-            log.info(
-                "delete of %s on %s: its create job %d %s",
-                name,
-                backend,
-                job_id,
-                "was canceled" if canceled.success else "failed",
-            )
-            # in one transaction with marking the create's end applied: the watcher storing
-            # that end later must not turn the instance ERROR (nor its request failed)
-            result = job.status if job is not None and job.is_final else JobStatus.CANCELED
-            failure = job.failure if job is not None else None
-            error = None if failure is None else f"{failure.type}: {failure.message}"
-            await self.store.destroy_unbuilt(backend, name, job_id, result, error=error)
-            return job_id
-        return None
+    def _owns(self) -> Owns | None:
+        ownership = self.settings.ownership  # (no mark configured: nothing is told "not ours")
+        return ownership.owns if ownership.prefix is not None or ownership.tag is not None else None
+
+    async def run_pending_deletes(self) -> int:
+        """Send the deferred deletes whose instances nothing runs on any more; how many were sent.
+
+        The dispatcher does this all the time, and this process while a delete it deferred
+        waits; a cloud API with neither may call it (e.g. after each job end it learns of)."""
+        return await follow_deletes(self.store, self.client, owns=self._owns())
 
     # without ``backend``, ``name`` is the instance's id (control/_lookup.py)
     async def startup_instance(self, name: str, *, backend: str | None = None) -> int:

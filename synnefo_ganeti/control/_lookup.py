@@ -8,10 +8,21 @@ call without ``backend`` takes an id, and a call with ``backend`` a name, as bef
 
 from __future__ import annotations
 
-from synnefo_ganeti.errors import NotFoundError
+from synnefo_ganeti.errors import ConflictError, NotFoundError
 from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
 
-__all__ = ["find_instance", "resolve_instance"]
+__all__ = ["backend_of", "find_instance", "resolve_instance"]
+
+
+def backend_of(instance: StoredInstance) -> str:
+    """The backend ``instance`` is placed on; a request's instance not placed yet (or ended
+    with nothing made) is a :class:`ConflictError`: nothing can act on it but a delete."""
+    if instance.backend is None:
+        raise ConflictError(
+            f"instance {instance.id} ({instance.name}) is {instance.status} and not placed on a backend "
+            f"(its request {instance.request_id}); wait until it is built, or delete it"
+        )
+    return instance.backend
 
 
 async def find_instance(store: Store, name_or_id: str, backend: str | None) -> StoredInstance | None:
@@ -33,12 +44,13 @@ async def resolve_instance(store: Store, name_or_id: str, backend: str | None) -
         raise NotFoundError(
             f"no instance has id {name_or_id}; check the id, or give the instance's name with its backend"
         )
+    backend = backend_of(instance)
     if instance.status is InstanceStatus.DESTROYED:
         # its name may have a new life (another row, another id): never act on that one
-        current = await store.get_instance(instance.backend, instance.name)
+        current = await store.get_instance(backend, instance.name)
         if current is not None and current.id != instance.id:
             raise NotFoundError(
                 f"instance {instance.id} ({instance.name} of backend {instance.backend}) is DESTROYED; "
                 f"its name is now instance {current.id}'s: use that id to act on the new one"
             )
-    return instance.backend, instance.name
+    return backend, instance.name

@@ -45,7 +45,7 @@ from sqlalchemy import Connection
 
 from synnefo_ganeti.allocate import BackendCatalog, check_name
 from synnefo_ganeti.control._actions import run_action
-from synnefo_ganeti.control._lookup import resolve_instance
+from synnefo_ganeti.control._lookup import backend_of, resolve_instance
 from synnefo_ganeti.control._offers import read_catalog
 from synnefo_ganeti.errors import ConflictError, NotFoundError, UnavailableError, ValidationError
 from synnefo_ganeti.rapi import InstanceConsole, RapiClient
@@ -120,11 +120,12 @@ class InstanceOperations:
         start: bool | None = None,
         precheck: Callable[[Connection], None] | None = None,
     ) -> int:
-        client = await self.client(instance.backend)
+        backend = backend_of(instance)
+        client = await self.client(backend)
         return await run_action(
             self.store,
             client,
-            instance.backend,
+            backend,
             instance.name,
             action,
             call,
@@ -146,7 +147,7 @@ class InstanceOperations:
                 f"instance {instance.name} of backend {instance.backend} is {instance.status}: "
                 "a console needs it running; start it first"
             )
-        client = await self.client(instance.backend)
+        client = await self.client(backend_of(instance))
         try:
             return await client.get_instance_console(instance.name)
         except UnavailableError as exc:
@@ -313,7 +314,7 @@ class InstanceOperations:
                 field="disks",
             )
         if os is not None:
-            await self._check_os(instance.backend, os)
+            await self._check_os(backend_of(instance), os)
         return await self._operate(
             instance,
             InstanceAction.REINSTALL,

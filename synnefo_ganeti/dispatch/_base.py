@@ -56,6 +56,7 @@ class DispatcherStats:
     placement_retries: int = 0
     capacity_retries: int = 0  # creates that failed for lack of room, placed again
     moved: int = 0  # creates canceled while queued on a node that went down, placed again
+    deletes_followed: int = 0  # deletes asked while a create or action ran, sent once it ended
     node_retries: int = 0  # creates that failed because of their node (down, offline), placed again
     reconcile_passes: int = 0
     started_at: float = field(default_factory=time.time)

@@ -59,6 +59,7 @@ import logging
 from synnefo_ganeti import metrics
 from synnefo_ganeti._where import where
 from synnefo_ganeti.config import Settings
+from synnefo_ganeti.control._deletes import FOLLOW_EVERY, follow_deletes
 from synnefo_ganeti.daemon import StatusServer
 from synnefo_ganeti.dispatch._base import DispatcherStats, _replace
 from synnefo_ganeti.dispatch._follow import FOLLOW_TASK
@@ -172,6 +173,7 @@ class Dispatcher(Submitter):
         supervisor.start("dispatch node stats", self._stats_loop())
         supervisor.start("dispatch reconciler", self._reconcile_loop())
         supervisor.start("dispatch metrics", self._metrics_loop())
+        supervisor.start("dispatch deletes", self._deletes_loop())
         supervisor.start(FOLLOW_TASK, self._recorded_jobs().run())  # jobs other processes record
         supervisor.start("dispatch observer", observer.run())
         if self.store.dialect == "postgresql":
@@ -374,6 +376,20 @@ class Dispatcher(Submitter):
                 counts = await self.store.request_counts(status=[RequestStatus.PENDING])
                 metrics.REQUESTS_PENDING.set(sum(counts.values()))
             await asyncio.sleep(5.0)
+
+    async def _deletes_loop(self) -> None:
+        """The deletes asked while a create or another action ran (control/_deletes.py), each one
+        sent once that ended: looked for after this process's writes (a job's end applied), at
+        least every :data:`FOLLOW_EVERY` seconds (another process's)."""
+        while True:
+            ownership = self.settings.ownership  # (as reloaded)
+            owns = ownership.owns if ownership.prefix is not None or ownership.tag is not None else None
+            try:
+                self.stats.deletes_followed += await follow_deletes(self.store, self.client, owns=owns)
+            except GanetiError as exc:
+                log.warning("cannot follow the deferred deletes (%s); trying again", exc)
+            await asyncio.sleep(0.2)  # (a busy writer commits all the time: not a pass per commit)
+            await self.store.wait_for_change(FOLLOW_EVERY)
 
     async def _lock_loop(self) -> None:
         """Keep this dispatcher's liveness lock: a database restart ends the session holding it,

@@ -34,7 +34,7 @@ from synnefo_ganeti.store._outcomes import (
 )
 from synnefo_ganeti.store._recorded import notify_job_recorded
 from synnefo_ganeti.store._schema import Backend, Instance, InstanceJob, Job
-from synnefo_ganeti.store._settle import requests_refused_by_name, settle_requests
+from synnefo_ganeti.store._settle import requests_placed_again, settle_requests
 
 __all__ = [
     "InstanceAction",
@@ -119,7 +119,8 @@ class StoredInstance:
     #: the public id: a UUID string given when the row is first written (and to each new life
     #: of its name), never reused; the row's integer key stays inside the store
     id: str
-    backend: str
+    #: the backend it is placed on; None only for a request's instance not placed yet (or never)
+    backend: str | None
     name: str
     status: InstanceStatus
     owned: bool
@@ -149,6 +150,10 @@ class StoredInstance:
     #: is gone. ``node_state_since``: when it was first seen so (None while up).
     node_state: str | None = None
     node_state_since: datetime | None = None
+    #: the request that makes it (whose ``instance_id`` is this id); None: create_instance's, adopted
+    request_id: str | None = None
+    #: a delete asked while its create or another action ran, which follows their end; None: none
+    delete_requested_at: datetime | None = None
 
     #: what ``--json`` shows: not the time of the last applied job end
     __json_fields__ = (
@@ -174,6 +179,8 @@ class StoredInstance:
         "pnode",
         "node_state",
         "node_state_since",
+        "request_id",
+        "delete_requested_at",
     )
 
     def to_json(self) -> dict[str, Any]:
@@ -206,6 +213,8 @@ class StoredInstance:
             pnode=row.pnode,
             node_state=row.node_state,
             node_state_since=row.node_state_since,
+            request_id=row.request_id,
+            delete_requested_at=row.delete_requested_at,
         )
 
 
@@ -261,15 +270,16 @@ def apply_final_jobs(
             applied: list[dict[str, Any]] = []
             moved: dict[tuple[str, ...], list[dict[str, Any]]] = {}
             current = changed_columns(conn, rows, summaries)
-            # a request's create refused by name made nothing: the dispatcher asks Ganeti whose
-            # instance holds the name (its own first create's, or someone else's) and settles it
-            refused = requests_refused_by_name(conn, backend_id, rows, summaries)
+            # a request's create that is placed again (refused by name, its process lost, failed
+            # for its backend or node, moved off a dead node) leaves its instance BUILD: the one
+            # server of the request, never ERROR for one attempt (store/_settle.py)
+            again = requests_placed_again(conn, backend_id, rows, summaries)
             for row in rows:
                 summary = summaries[row.job_id]
                 applied.append(
                     {"b_backend": backend_id, "b_job": row.job_id, "b_result": summary.status.value}
                 )
-                if row.job_id in refused:
+                if row.job_id in again:
                     freed: dict[str, Any] = {}
                     if row.task_job_id == row.job_id:
                         freed = {"task": None, "task_job_id": None, "updated_at": now}
@@ -319,7 +329,7 @@ def _after(
     if status is JobStatus.SUCCESS and row.params:
         # what the action changed, as asked (Ganeti's own values follow: dispatch/_observe.py)
         values.update(changes_after(action.value, row.params, current or row._mapping))
-    if new_status is not None or values:
+    if new_status is not None:  # a job deciding the status moves it; a failed action moves neither
         values["state_time"] = end if end is not None else row.state_time
     if not values:
         return {}
@@ -408,7 +418,7 @@ def add_instance_row(
     now = datetime.now(UTC)
     values = {
         **values,
-        "uuid": str(uuid.uuid4()),
+        "uuid": values.get("uuid") or str(uuid.uuid4()),  # (a request's instance: its given id)
         "create_job_id": None,
         "state_time": None,
         "task": task,

@@ -38,6 +38,7 @@ __all__ = [
     "Request",
     "RequestNotHeldError",
     "RequestStatus",
+    "new_instance_id",
     "new_request_id",
     "request_tag",
     "requests_t",
@@ -53,6 +54,11 @@ REQUEST_TAG_PREFIX = "synnefo-ganeti:request:"
 
 
 def new_request_id() -> str:
+    return str(uuid.uuid4())
+
+
+def new_instance_id() -> str:
+    """The id of a request's instance, given when the request is written (``Request.instance_id``)."""
     return str(uuid.uuid4())
 
 
@@ -79,8 +85,10 @@ class Request:
     ``backend`` is where it was placed (None before); ``instance`` the instance's name;
     ``job_id`` the create job once submitted; ``error`` why it failed or was canceled.
     ``placed`` (pending with a backend) means a create may have reached Ganeti.
-    ``instance_id`` is the id of the instance row it placed (its own, even after the name
-    is reused by another instance); None while not placed.
+    ``instance_id`` is the id of the one instance (server) it makes, given when the request is
+    written and the same through every attempt and placement (``get_instance(instance_id)``
+    answers from the start; the instance's ``request_id`` is this request's id). Its attempts are
+    that instance's history (``attempt_errors``), never instances of their own.
     ``attempt_errors``: every create of it that failed in Ganeti, oldest first, each
     ``{"attempt", "backend", "node", "job_id", "error", "at"}`` (``attempt``: the placement it
     was, as counted in ``attempts``; ``node``: the node its error names, or None; ``at``: ISO
@@ -222,6 +230,7 @@ def add(
             want_backend=want_backend,
             attempts=0,
             cancel_requested=False,
+            instance_uuid=new_instance_id(),
             created_at=now,
             updated_at=now,
         )
@@ -299,7 +308,8 @@ def take_over(conn: Connection, old: str, new: str) -> list[Request]:
 
 
 def release(conn: Connection, dispatcher: str) -> int:
-    """Give back the pending requests ``dispatcher`` holds and has not placed (shutdown)."""
+    """Give back the pending requests ``dispatcher`` holds and has not placed (shutdown): nobody
+    is placing them now, so none has a waiting reason."""
     result = conn.execute(
         update(requests_t)
         .where(
@@ -307,7 +317,7 @@ def release(conn: Connection, dispatcher: str) -> int:
             requests_t.c.claimed_by == dispatcher,
             requests_t.c.backend_id.is_(None),
         )
-        .values(claimed_by=None, claimed_at=None, updated_at=datetime.now(UTC))
+        .values(claimed_by=None, claimed_at=None, updated_at=datetime.now(UTC), waiting_reason=None)
     )
     return int(result.rowcount or 0)
 
@@ -371,24 +381,19 @@ def place(conn: Connection, request_id: str, dispatcher: str, backend_id: int) -
 
 
 def unplace(conn: Connection, request_id: str, dispatcher: str, *, error: str | None = None) -> Request:
-    """Ganeti certainly got no create for this request: forget the backend (and the BUILD row)."""
+    """Ganeti certainly got no create for this request: forget the backend (and the BUILD row,
+    which the next placement writes again with the same id: ``instance_id`` stays the request's)."""
     request = _held(conn, request_id, dispatcher)
-    if request.backend is not None:
-        backend_id = conn.execute(
-            select(requests_t.c.backend_id).where(requests_t.c.id == request_id)
-        ).scalar_one()
+    if request.backend is not None and request.instance_id is not None:
         conn.execute(
             delete(instances_t).where(
-                instances_t.c.backend_id == backend_id,
-                instances_t.c.name == request.instance,
-                instances_t.c.status == "BUILD",
-                instances_t.c.create_job_id.is_(None),
+                instances_t.c.uuid == request.instance_id, instances_t.c.status == "BUILD"
             )
         )
     conn.execute(
         update(requests_t)
         .where(requests_t.c.id == request_id)
-        .values(backend_id=None, instance_uuid=None, error=error, updated_at=datetime.now(UTC))
+        .values(backend_id=None, error=error, updated_at=datetime.now(UTC))
     )
     return must_get(conn, request_id)
 
@@ -412,15 +417,16 @@ def mark_submitted(conn: Connection, request_id: str, job_id: int) -> None:
 def request_cancel(conn: Connection, request_id: str) -> tuple[Request, bool]:
     """Cancel what can be canceled in the database. Returns (request, done):
 
-    * pending and not held by a dispatcher: canceled now (done);
-    * pending and held: ``cancel_requested`` set, the dispatcher honours it (not done);
+    * pending, not placed and not held by a dispatcher: canceled now (done);
+    * pending and held, or placed (its create may be in Ganeti: a dispatcher asks it first):
+      ``cancel_requested`` set, the dispatcher honours it (not done);
     * submitted: nothing here; the caller cancels the job through RAPI (not done);
     * final: as it is (done).
     """
     request = must_get(conn, request_id)
     if request.is_final:
         return request, True
-    if request.status is RequestStatus.PENDING and request.claimed_by is None:
+    if request.status is RequestStatus.PENDING and request.claimed_by is None and request.backend is None:
         return finish(
             conn, request_id, RequestStatus.CANCELED, error="canceled before it was submitted"
         ), True

@@ -11,7 +11,6 @@ functions of :mod:`._requests_repo`, which say what is wrong or settle what is s
 
 from __future__ import annotations
 
-import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,7 +32,13 @@ from synnefo_ganeti.store._instances import (
 from synnefo_ganeti.store._names import renaming_to
 from synnefo_ganeti.store._outcomes import task_of
 from synnefo_ganeti.store._recorded import notify_job_recorded
-from synnefo_ganeti.store._requests import Request, RequestStatus, requests_t, select_requests
+from synnefo_ganeti.store._requests import (
+    Request,
+    RequestStatus,
+    new_instance_id,
+    requests_t,
+    select_requests,
+)
 
 __all__ = ["AddArgs", "PlaceArgs", "SubmittedArgs", "add_many", "place_many", "submitted_many"]
 
@@ -128,6 +133,7 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
                 "want_backend": item.want_backend,
                 "attempts": 0,
                 "cancel_requested": False,
+                "instance_uuid": new_instance_id(),
                 "created_at": now,
                 "updated_at": now,
             }
@@ -153,6 +159,15 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
             key = (found.backend_id, found.name)
             last_destroyed[key] = max(found.id, last_destroyed.get(key, found.id))
     holders = _holders(conn, names)
+    # the requests whose instance row is written already (an earlier attempt's, kept): one by one
+    written = {
+        row.uuid
+        for row in conn.execute(
+            select(instances_t.c.uuid).where(
+                instances_t.c.uuid.in_([r.instance_uuid for r in rows.values() if r.instance_uuid])
+            )
+        )
+    }
     fast: list[tuple[int, PlaceArgs, Any]] = []
     taken: set[str] = set()
     for index, item in enumerate(items):
@@ -163,6 +178,7 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
             or row.claimed_by != item.dispatcher
             or row.cancel_requested
             or row.backend_id is not None
+            or row.instance_uuid in written
             or row.name.lower() in live
             or row.name.lower() in taken
             or holders[row.name.lower()] - {item.request_id}
@@ -184,7 +200,8 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
                 instance_jobs_t.c.instance_id.in_(stale), instance_jobs_t.c.applied_at.is_(None)
             )
         )
-    new_ids = {item.request_id: str(uuid.uuid4()) for _, item, _ in fast}
+    # the instance's id is the request's own (given when it was written; older rows: a new one)
+    new_ids = {item.request_id: row.instance_uuid or new_instance_id() for _, item, row in fast}
     by_keys: dict[frozenset[str], list[dict[str, Any]]] = defaultdict(list)
     for _, item, row in fast:
         values = {
@@ -200,6 +217,7 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
             "updated_at": now,
             "backend_id": item.backend_id,
             "name": row.name,
+            "request_id": item.request_id,
             "created_at": now,
         }
         by_keys[frozenset(values)].append(values)
@@ -268,7 +286,12 @@ def submitted_many(conn: Connection, items: list[SubmittedArgs]) -> list[Outcome
     seen: set[tuple[int, int]] = set()
     for index, item in enumerate(items):
         row = rows.get(item.request_id)
-        if row is None or row.backend_id is None or row.status != RequestStatus.PENDING.value:
+        if (
+            row is None
+            or row.backend_id is None
+            or row.status != RequestStatus.PENDING.value
+            or row.cancel_requested
+        ):
             continue
         pair = (row.backend_id, item.job_id)
         instance_rows = live.get((row.backend_id, row.name), [])

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, TypedDict, Unpack
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, delete, select, update
 from sqlalchemy.engine import Connection
 
 from synnefo_ganeti.errors import ConflictError
@@ -24,7 +24,7 @@ from synnefo_ganeti.store._instances import (
     InstanceAction,
     InstanceStatus,
     add_instance_row,
-    current_row,
+    instance_jobs_t,
     instances_t,
     record_job,
 )
@@ -51,6 +51,39 @@ class RequestPage(TypedDict, total=False):
     name_prefix: str | None
     after: str | None
     by_id: bool
+
+
+def _replace_row(
+    conn: Connection, instance_id: str, backend_id: int, values: dict[str, Any], task: str
+) -> bool:
+    """The request's instance row written by an earlier attempt takes this placement (on this
+    backend or another: the same instance, the same id); False: it has none yet."""
+    row = conn.execute(select(instances_t.c.id).where(instances_t.c.uuid == instance_id)).first()
+    if row is None:
+        return False
+    # the earlier attempt's jobs not applied yet must not move it any more
+    conn.execute(
+        delete(instance_jobs_t).where(
+            instance_jobs_t.c.instance_id == row.id, instance_jobs_t.c.applied_at.is_(None)
+        )
+    )
+    conn.execute(
+        update(instances_t)
+        .where(instances_t.c.id == row.id)
+        .values(
+            **values,
+            backend_id=backend_id,
+            create_job_id=None,
+            state_time=None,
+            task=task,
+            task_job_id=None,
+            pnode=None,
+            node_state=None,
+            node_state_since=None,
+            updated_at=datetime.now(UTC),
+        )
+    )
+    return True
 
 
 class Requests:
@@ -143,7 +176,6 @@ class Requests:
 
         def run(conn: Connection) -> Request:
             before = _requests.must_get(conn, request_id)
-            placed_before = before.backend == backend
             if unique_names is not None:
                 check_name_free(
                     conn,
@@ -154,30 +186,14 @@ class Requests:
                     exclude_instance=before.instance_id,
                 )
             request = _requests.place(conn, request_id, dispatcher, backend_id)
-            existing = current_row(
-                conn,
-                backend_id,
-                request.instance,
-                instances_t.c.uuid,
-                instances_t.c.status,
-                instances_t.c.create_job_id,
-            )
-            # a retry of this request's own earlier attempt finds its BUILD row: keep it; a BUILD
-            # row of anyone else's (another request, a create of the facade's) is refused
-            if (
-                not placed_before
-                or existing is None
-                or existing.status != InstanceStatus.BUILD
-                or existing.create_job_id is not None
-            ):
-                values = {"status": InstanceStatus.BUILD.value, "owned": True, **instance}
-                # the create is in progress from now (its job, once sent, is recorded against it)
-                build = task_of(InstanceAction.CREATE.value)
-                instance_id = add_instance_row(
-                    conn, backend_id, backend, request.instance, values, task=build
-                ).id
-            else:
-                instance_id = existing.uuid
+            instance_id = before.instance_id or _requests.new_instance_id()
+            values = {"status": InstanceStatus.BUILD.value, "owned": True, **instance}
+            values["request_id"] = request_id
+            # the create is in progress from now (its job, once sent, is recorded against it)
+            build = task_of(InstanceAction.CREATE.value)
+            if not _replace_row(conn, instance_id, backend_id, values, build):
+                values["uuid"] = instance_id
+                add_instance_row(conn, backend_id, backend, request.instance, values, task=build)
             # the request points at its own instance row, whatever later lives of its name do
             conn.execute(
                 update(_requests.requests_t)
@@ -219,6 +235,16 @@ class Requests:
                 start,
                 None,
             )
+            if request.cancel_requested and request.instance_id is not None:
+                # deleted while its create was sent: the delete follows the create's end
+                conn.execute(
+                    update(instances_t)
+                    .where(
+                        instances_t.c.uuid == request.instance_id,
+                        instances_t.c.delete_requested_at.is_(None),
+                    )
+                    .values(delete_requested_at=datetime.now(UTC))
+                )
             return _requests.must_get(conn, request_id)
 
         batch = Batched(submitted_many, SubmittedArgs(request_id, job_id, start))

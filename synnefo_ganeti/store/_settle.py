@@ -28,11 +28,14 @@ from synnefo_ganeti.store._requests import (
 )
 
 __all__ = [
+    "PLACED_AGAIN",
     "attempt_error",
+    "disposition",
     "is_backend_error",
     "is_capacity_error",
     "is_job_death_error",
     "is_name_taken_error",
+    "requests_placed_again",
     "settle_by_instance",
     "settle_job",
     "settle_requests",
@@ -47,11 +50,57 @@ _SUBMITTED = select(
     requests_t.c.attempts,
     requests_t.c.attempt_errors,
     requests_t.c.cancel_requested,
+    requests_t.c.instance_uuid,
 ).where(
     requests_t.c.backend_id == bindparam("b_backend"),
     requests_t.c.job_id.in_(bindparam("b_jobs", expanding=True)),
     requests_t.c.status == RequestStatus.SUBMITTED.value,
 )
+
+
+#: what a create job's end does to its submitted request (:func:`disposition`)
+REFUSED, DIED, MOVED, AGAIN, ENDED, FAILED = "refused", "died", "moved", "again", "ended", "failed"
+#: the dispositions after which the request is placed again: the instance stays BUILD (the one
+#: server its request makes, whatever its attempts), never ERROR for an attempt that failed
+PLACED_AGAIN = frozenset({REFUSED, DIED, MOVED, AGAIN})
+
+
+def disposition(row: Any, summary: JobSummary) -> str:
+    """What the end ``summary`` of ``row``'s create job (a submitted request: ``cancel_requested``,
+    ``attempt_errors``, ``job_id``) does to it: one of :data:`REFUSED` (Ganeti refused it by name),
+    :data:`DIED` (its process lost), :data:`MOVED` (canceled to be placed elsewhere), :data:`AGAIN`
+    (failed for a reason of its backend or node: placed again), :data:`ENDED` (succeeded or
+    canceled) or :data:`FAILED`."""
+    status, error = _outcome(summary)
+    if status is RequestStatus.FAILED and is_name_taken_error(error):
+        return REFUSED
+    if status is RequestStatus.FAILED and is_job_death_error(error):
+        return DIED
+    if status is RequestStatus.CANCELED and not row.cancel_requested and _moving(row) is not None:
+        return MOVED
+    if status is not RequestStatus.FAILED:
+        return ENDED
+    if is_backend_error(error) or is_node_error(error) is not None:
+        return AGAIN
+    return FAILED
+
+
+def requests_placed_again(
+    conn: Connection, backend_id: int, rows: Iterable[Any], summaries: dict[int, JobSummary]
+) -> dict[int, str]:
+    """Of the create jobs among ``rows`` (instance-job rows with ``job_id`` and ``action``), those
+    whose submitted request goes back to be placed again, with their :func:`disposition`: their
+    instance is not moved by the job's end (read only when some job may be)."""
+    maybe = [
+        row.job_id
+        for row in rows
+        if row.action == "create" and summaries[row.job_id].status is not JobStatus.SUCCESS
+    ]
+    if not maybe:
+        return {}
+    found = conn.execute(_SUBMITTED, {"b_backend": backend_id, "b_jobs": maybe}).all()
+    again = {row.job_id: disposition(row, summaries[row.job_id]) for row in found}
+    return {job: kind for job, kind in again.items() if kind in PLACED_AGAIN}
 
 
 def settle_requests(
@@ -68,7 +117,14 @@ def settle_requests(
     for row in rows:
         summary = by_job[row.job_id]
         status, error = _outcome(summary)
-        if status is RequestStatus.FAILED and is_name_taken_error(error):
+        kind = disposition(row, summary)
+        if row.cancel_requested and kind in (REFUSED, AGAIN):
+            # deleted while its create ran, and the create made nothing: never placed again
+            _cancel_deleted(
+                conn, row, now, f"deleted while being built; job {row.job_id} made nothing ({error})"
+            )
+            continue
+        if kind == REFUSED:
             # Ganeti refused it by name: a duplicate of this request's own create (sent again
             # after an answer was lost; the request's outcome is then the first job's) or
             # someone else's instance. Placed again on this backend, unsubmitted: the
@@ -80,7 +136,7 @@ def settle_requests(
                 error=f"job {row.job_id} was refused ({error}); asking Ganeti whose instance holds the name",
             )
             continue
-        if status is RequestStatus.FAILED and is_job_death_error(error):
+        if kind == DIED:
             # Ganeti lost the job's process mid-way (its master died: the new master's luxid fails
             # every job it finds started, "detected death of job N"): its instance may exist or
             # not. Still placed on this backend, unsubmitted, an attempt counted: the dispatcher
@@ -95,7 +151,7 @@ def settle_requests(
                 attempt_errors=[*(row.attempt_errors or ()), attempt_error(row, backend[0], error, now)],
             )
             continue
-        if status is RequestStatus.CANCELED and not row.cancel_requested and _moving(row) is not None:
+        if kind == MOVED:
             # canceled by the dispatcher while still queued on a node that went down: Ganeti
             # made nothing, and the request goes back to be placed elsewhere
             _unsubmit(
@@ -104,16 +160,17 @@ def settle_requests(
                 now,
                 error=f"job {row.job_id} was canceled while queued ({_moving(row)}); placing it again",
                 placed=False,
+                instance_uuid=row.instance_uuid,
             )
             continue
-        if status is not RequestStatus.FAILED:
+        if kind == ENDED:
             ended.append({"b_id": row.id, "b_status": status.value, "b_error": error, "b_now": now})
             continue
         if not backend:
             backend.append(conn.execute(_BACKEND_NAME, {"b_backend": backend_id}).scalar_one())
         attempts = [*(row.attempt_errors or ()), attempt_error(row, backend[0], error, now)]
         node = is_node_error(error)
-        if is_backend_error(error) or node is not None:
+        if kind == AGAIN:
             # The backend had no room after all (its node stats were older than the
             # creates that filled it), or lacks the OS, or its policy refused the spec: the
             # request goes back to be placed again (the dispatcher avoids that backend). Or
@@ -130,6 +187,7 @@ def settle_requests(
                 error=f"job {row.job_id} {why} ({error}); placing it again",
                 placed=False,
                 attempt_errors=attempts,
+                instance_uuid=row.instance_uuid,
             )
             continue
         failed.append({"b_id": row.id, "b_error": error, "b_now": now, "b_attempts": attempts})
@@ -143,6 +201,22 @@ def settle_requests(
 _BACKEND_NAME = select(backends_t.c.name).where(backends_t.c.id == bindparam("b_backend"))
 
 
+def _cancel_deleted(conn: Connection, row: Any, now: datetime, error: str) -> None:
+    """The submitted request ``row`` ends canceled (its instance was deleted while its create ran,
+    which made nothing), and its instance DESTROYED."""
+    conn.execute(
+        update(requests_t)
+        .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
+        .values(status=RequestStatus.CANCELED.value, error=error, finished_at=now, updated_at=now)
+    )
+    if row.instance_uuid is not None:
+        conn.execute(
+            update(instances_t)
+            .where(instances_t.c.uuid == row.instance_uuid, instances_t.c.status != "DESTROYED")
+            .values(status="DESTROYED", task=None, task_job_id=None, delete_requested_at=None, updated_at=now)
+        )
+
+
 def _unsubmit(
     conn: Connection,
     request_id: str,
@@ -151,10 +225,13 @@ def _unsubmit(
     error: str,
     placed: bool = True,
     attempt_errors: list[dict[str, Any]] | None = None,
+    instance_uuid: str | None = None,
 ) -> bool:
     """A submitted request back to pending, unclaimed, its job forgotten: still ``placed`` on its
     backend (the dispatcher asks Ganeti about it before anything is sent again), or not (placed
-    anew); ``attempt_errors``: the list to keep. False: it was no longer submitted."""
+    anew: its instance row, ``instance_uuid``, which the failed create made nothing of, goes until
+    the next placement writes it again, with the same id); ``attempt_errors``: the list to keep.
+    False: it was no longer submitted."""
     values: dict[str, Any] = {
         "status": RequestStatus.PENDING.value,
         "job_id": None,
@@ -173,6 +250,10 @@ def _unsubmit(
         .where(requests_t.c.id == request_id, requests_t.c.status == RequestStatus.SUBMITTED.value)
         .values(**values)
     )
+    if done.rowcount and not placed and instance_uuid is not None:
+        conn.execute(
+            delete(instances_t).where(instances_t.c.uuid == instance_uuid, instances_t.c.status == "BUILD")
+        )
     return bool(done.rowcount)
 
 
@@ -275,22 +356,6 @@ def attempt_error(row: Any, backend: str, error: str | None, now: datetime) -> d
         "error": error,
         "at": now.isoformat(),
     }
-
-
-def requests_refused_by_name(
-    conn: Connection, backend_id: int, rows: Iterable[Any], summaries: dict[int, JobSummary]
-) -> set[int]:
-    """Of the create jobs among ``rows`` (instance-job rows with ``job_id`` and ``action``), those
-    that Ganeti refused by name and that a submitted request waits on (read only when one was)."""
-    refused = [
-        row.job_id
-        for row in rows
-        if row.action == "create" and is_name_taken_error(_outcome(summaries[row.job_id])[1])
-    ]
-    if not refused:
-        return set()
-    found = conn.execute(_SUBMITTED, {"b_backend": backend_id, "b_jobs": refused}).all()
-    return {row.job_id for row in found}
 
 
 # (many at once: a burst's job ends arrive together)

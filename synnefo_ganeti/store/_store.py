@@ -375,9 +375,16 @@ class Store(RequestMethods):
         self, backend: str | None, name: str | None, *, id: str | None = None
     ) -> StoredInstance | None:
         """The instance ``name`` of ``backend`` (its live row, else its newest DESTROYED one), or
-        (``id``) the one with that id, DESTROYED ones too (ids are never reused); None: none."""
+        (``id``) the one with that id, DESTROYED ones too (ids are never reused), a request's
+        instance also before it is placed (``backend`` None); None: none."""
         found = await self.list_instances(backend=backend, name=name, id=id)
-        return found[0] if found else None
+        if found:
+            return found[0]
+        if id is not None and backend is None and name is None:
+            # a request's instance without its row (not placed yet, between two attempts, or
+            # ended with nothing made): its request tells it (store/_request_view.py)
+            return await self.request_instance_view(id)
+        return None
 
     async def list_instances(
         self,

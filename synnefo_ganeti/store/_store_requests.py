@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Unpack
 
-from synnefo_ganeti.store._instances import InstanceStatus
+from synnefo_ganeti.store import _deletes, _request_view
+from synnefo_ganeti.store._deletes import DueDelete
+from synnefo_ganeti.store._instances import InstanceStatus, StoredInstance
 from synnefo_ganeti.store._names import UniqueNames
 from synnefo_ganeti.store._requests import Request, RequestStatus
 from synnefo_ganeti.store._requests_repo import RequestPage, Requests
+from synnefo_ganeti.store._waiting import set_waiting
 
 __all__ = ["RequestMethods"]
 
@@ -96,6 +99,14 @@ class RequestMethods:
         """Ganeti certainly got nothing: forget the backend and the BUILD row (placed anew later)."""
         return await self._requests.unplace(request_id, dispatcher, error=error)
 
+    async def set_waiting_reason(self, request_id: str, dispatcher: str, reason: str | None) -> bool:
+        """Why ``dispatcher``, which holds the request, cannot place it now (``Request.waiting_reason``;
+        None clears it). False: not written (the request is no longer pending, held by
+        ``dispatcher`` and unplaced, or has that reason already)."""
+        return await self._requests.writer.call(
+            lambda conn: set_waiting(conn, request_id, dispatcher, reason)
+        )
+
     async def submitted_request(self, request_id: str, job_id: int, *, start: bool | None = None) -> Request:
         """The create was accepted as ``job_id``: the request is submitted and the job recorded
         against its instance (a job end stored already settles both at once)."""
@@ -141,3 +152,32 @@ class RequestMethods:
     async def cancel_request(self, request_id: str) -> tuple[Request, bool]:
         """Cancel in the database what can be (see :func:`_requests.request_cancel`)."""
         return await self._requests.cancel(request_id)
+
+    # -- one server from request to delete (store/_request_view.py, store/_deletes.py) ---------------
+
+    async def request_instance_view(self, instance_id: str) -> StoredInstance | None:
+        """The instance ``instance_id`` of a request, as its request tells it while it has no row
+        (not placed yet, between attempts, or ended with nothing made); None: no request has it."""
+        request = await self._requests.db.call_read(
+            lambda conn: _request_view.request_by_instance(conn, instance_id)
+        )
+        return None if request is None else _request_view.view_of_request(request)
+
+    async def defer_delete(self, instance_id: str, *, request_id: str | None = None) -> bool:
+        """Mark the instance to be deleted once what runs on it ends (its open request canceled
+        for good); False: it is DESTROYED already."""
+        return await self._requests.writer.call(
+            lambda conn: _deletes.defer_delete(conn, instance_id, request_id)
+        )
+
+    async def deletes_due(self, limit: int = 100) -> list[DueDelete]:
+        """The deferred deletes that may be done now (nothing runs on their instances any more)."""
+        return await self._requests.db.call_read(lambda conn: _deletes.deletes_due(conn, limit))
+
+    async def pending_deletes(self) -> int:
+        """How many deferred deletes wait, due or not."""
+        return await self._requests.db.call_read(_deletes.pending_deletes)
+
+    async def clear_delete(self, instance_id: str) -> None:
+        """The deferred delete of ``instance_id`` was sent (or is no longer needed)."""
+        await self._requests.writer.call(lambda conn: _deletes.clear_delete(conn, instance_id))

@@ -160,9 +160,7 @@ async def test_a_refused_submit_sets_last_error_and_frees_the_instance(tmp_path,
         assert bad.last_error is not None and bad.last_error["action"] == "create"
 
 
-async def test_a_second_action_in_progress_conflicts_and_a_second_delete_gets_the_first_job(
-    tmp_path, db_url
-) -> None:
+async def test_a_second_action_in_progress_conflicts_and_a_delete_follows_it(tmp_path, db_url) -> None:
     async with plane(tmp_path, db_url, OP_INSTANCE_SHUTDOWN=1.0, OP_INSTANCE_REMOVE=1.0) as (_fake, cp):
         await started(cp, "vm1.fake.test")
         stop = await cp.shutdown_instance("vm1.fake.test", backend="f1")
@@ -173,17 +171,17 @@ async def test_a_second_action_in_progress_conflicts_and_a_second_delete_gets_th
                 await action("vm1.fake.test", backend="f1")
         with pytest.raises(ConflictError, match="busy"):
             await cp.modify_instance("vm1.fake.test", backend="f1", beparams={"memory": 512})
-        with pytest.raises(ConflictError, match="busy"):
-            await cp.delete_instance("vm1.fake.test", backend="f1")
         assert len(await client.list_jobs()) == jobs_before  # nothing was sent to Ganeti
-        await settled(cp, "vm1.fake.test", InstanceStatus.STOPPED)
-
-        first = await cp.delete_instance("vm1.fake.test", backend="f1")
-        assert first is not None
-        assert await cp.delete_instance("vm1.fake.test", backend="f1") == first
-        with pytest.raises(ConflictError, match="'delete' is in progress"):
-            await cp.startup_instance("vm1.fake.test", backend="f1")
+        # a delete is never refused as busy: taken at once, it follows the stop's end
+        assert await cp.delete_instance("vm1.fake.test", backend="f1") is None
+        waiting = await cp.get_instance("vm1.fake.test", backend="f1")
+        assert waiting is not None and waiting.delete_requested_at is not None
+        assert len(await client.list_jobs()) == jobs_before
         await settled(cp, "vm1.fake.test", InstanceStatus.DESTROYED)
+        jobs = await cp.store.instance_jobs("f1", "vm1.fake.test")
+        (first,) = [j["job_id"] for j in jobs if j["action"] == "remove"]
+        gone = await cp.get_instance("vm1.fake.test", backend="f1")
+        assert gone is not None and gone.delete_requested_at is None
         # deleted already: the same answer again; other actions find nothing
         assert await cp.delete_instance("vm1.fake.test", backend="f1") == first
         with pytest.raises(NotFoundError, match="DESTROYED"):

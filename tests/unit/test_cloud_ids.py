@@ -118,18 +118,23 @@ async def test_an_instance_id_is_a_uuid_given_once_and_never_reused(db_url: str)
 async def test_a_request_points_at_its_own_instance_even_after_the_name_is_reused(db_url: str) -> None:
     async with Store(db_url) as store:
         request, _ = await store.add_request(spec_of("vm1"), name="vm1")
-        assert request.instance_id is None and request.to_json()["instance_id"] is None
+        # the instance's id is given at once, and finds the request's server before it is placed
+        assert is_uuid(request.instance_id) and request.to_json()["instance_id"] == request.instance_id
+        view = await store.get_instance(None, None, id=request.instance_id)
+        assert view is not None and view.status is InstanceStatus.BUILD and view.backend is None
+        assert view.request_id == request.id and view.name == "vm1"
         await store.claim_requests("d1")
         placed = await store.place_request(request.id, "d1", "b1", {"os": "noop"}, unique_names="global")
         own = await store.get_instance("b1", "vm1")
-        assert own is not None and placed.instance_id == own.id
-        # not taken by Ganeti: unplaced, its BUILD row gone, and it points at nothing
+        assert own is not None and placed.instance_id == own.id == request.instance_id
+        assert own.request_id == request.id
+        # not taken by Ganeti: unplaced, its BUILD row gone; the id stays the request's
         unplaced = await store.unplace_request(request.id, "d1", error="refused")
-        assert unplaced.instance_id is None and await store.get_instance("b1", "vm1") is None
-        # placed again: a new row, a new id, on the request
+        assert unplaced.instance_id == request.instance_id and await store.get_instance("b1", "vm1") is None
+        # placed again: its row again, with the same id
         placed = await store.place_request(request.id, "d1", "b1", {"os": "noop"}, unique_names="global")
         own = await store.get_instance("b1", "vm1")
-        assert own is not None and placed.instance_id == own.id
+        assert own is not None and placed.instance_id == own.id == request.instance_id
         await store.submitted_request(request.id, 17)
         await store.update_instance("b1", "vm1", status=InstanceStatus.STARTED)
         assert (await store.get_request(request.id)).status is RequestStatus.SUCCEEDED  # type: ignore[union-attr]

@@ -194,8 +194,13 @@ async def test_a_create_job_failing_in_ganeti_fails_the_request_with_its_message
             kind, (message,) = job.ops[0].result
             assert request.error is not None and f"{kind}: {message}" in request.error and "noop" in message
             assert request.error.endswith("no other backend takes it")
-            instance = await store.get_instance("f1", "noos.example")
+            # the one server of the request: ERROR, its row gone with the attempt that made nothing
+            # (never an ERROR row per attempt), its request telling it
+            assert await store.get_instance("f1", "noos.example") is None
+            assert request.instance_id is not None
+            instance = await cp.get_instance(request.instance_id)
             assert instance is not None and instance.status is InstanceStatus.ERROR
+            assert instance.request_id == rid and instance.last_error is not None
             assert "noos.example" not in f1.cluster.instances
 
 

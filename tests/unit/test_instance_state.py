@@ -225,3 +225,26 @@ async def test_instance_rows_are_unique_per_live_name(db_url) -> None:
         ]
         assert listed[0].id == reborn.id != listed[1].id
         assert [i.name for i in await store.list_instances(status=["BUILD"], backend="b2")] == [NAME]
+
+
+async def test_a_failed_job_moves_neither_the_status_nor_the_state_time(db_url) -> None:
+    """Synnefo's UpdateDBTest.test_other_error, ported: an action that failed leaves the instance
+    as it was (its last_error says why); state_time moves only with the status."""
+    async with Store(db_url) as store:
+        await store.add_instance("b1", NAME)
+        await store.record_instance_job("b1", NAME, 11, InstanceAction.CREATE, start=True)
+        await store.record("b1", job(CREATE_OK))
+        before = await store.get_instance("b1", NAME)
+        assert before is not None and before.status is InstanceStatus.STARTED and before.state_time is not None
+        await store.record_instance_job("b1", NAME, 13, InstanceAction.STARTUP)
+        await store.record("b1", job(failed(STARTUP_OK), shift=5.0))
+        after = await store.get_instance("b1", NAME)
+        assert after is not None and after.status is InstanceStatus.STARTED
+        assert after.state_time == before.state_time
+        assert after.last_error is not None and after.last_error["job_id"] == 13 and after.task is None
+        # a shutdown that succeeds moves both
+        await store.record_instance_job("b1", NAME, 12, InstanceAction.SHUTDOWN)
+        await store.record("b1", job(SHUTDOWN_OK, shift=10.0))
+        stopped = await store.get_instance("b1", NAME)
+        assert stopped is not None and stopped.status is InstanceStatus.STOPPED
+        assert stopped.state_time is not None and stopped.state_time > before.state_time

@@ -320,7 +320,12 @@ async def test_a_job_end_stored_after_submitted_settles_in_the_writer(db_url) ->
         assert (again.status, again.job_id, again.backend) == (RequestStatus.PENDING, None, None)
         assert again.error is not None and BAD_OS_ERROR in again.error and "placing it again" in again.error
         assert not again.is_final and again.finished_at is None
-        assert await status_of(store, "vm13") is InstanceStatus.ERROR
+        # the attempt made nothing: its row goes (never ERROR for one attempt), and the one id
+        # of the request's server still finds it, BUILD, until it is placed again
+        assert await status_of(store, "vm13") is None
+        assert again.instance_id == refused.instance_id is not None
+        view = await store.get_instance(None, None, id=again.instance_id)
+        assert view is not None and view.status is InstanceStatus.BUILD and view.request_id == refused.id
         # a job of the same id on another backend settles nothing here
         other = await submitted(store, 14, name="vm14")
         await store.record("b2", job(CREATE_OK, job_id=14))

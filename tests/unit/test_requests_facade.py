@@ -106,7 +106,7 @@ async def test_request_instance_and_wait_request(tmp_path, db_url) -> None:
 
 
 async def test_cancel_requests_through_the_facade(tmp_path, db_url) -> None:
-    slow = {**QUICK, "OP_INSTANCE_CREATE": 1.5}  # the first create runs, the next one queues
+    slow = {**QUICK, "OP_INSTANCE_CREATE": 4.0}  # the first create runs, the next one queues
     async with plane(tmp_path, db_url, max_running_jobs=1, op_times=slow) as (fake, cp):
         pending = await cp.request_instance(instance_spec("vm0.fake.test"))
         assert (await cp.cancel_request(pending)).status is RequestStatus.CANCELED
@@ -133,7 +133,7 @@ async def test_cancel_requests_through_the_facade(tmp_path, db_url) -> None:
 
 
 async def test_delete_instance_of_a_build_instance(tmp_path, db_url) -> None:
-    slow = {**QUICK, "OP_INSTANCE_CREATE": 1.5}  # the first create runs, the next one queues
+    slow = {**QUICK, "OP_INSTANCE_CREATE": 4.0}  # the first create runs, the next one queues
     async with plane(tmp_path, db_url, max_running_jobs=1, op_times=slow) as (fake, cp):
         _, running_job = await cp.create_instance(instance_spec("vm1.fake.test"), backend="f1")
         rid = await cp.request_instance(instance_spec("vm2.fake.test"))
@@ -141,8 +141,11 @@ async def test_delete_instance_of_a_build_instance(tmp_path, db_url) -> None:
         assert fake.cluster.jobs[running_job].status is JobStatus.RUNNING
         assert fake.cluster.jobs[queued_job].status is JobStatus.QUEUED
 
-        # a running create is waited for, then the instance removed
-        removing = asyncio.create_task(cp.delete_instance("vm1.fake.test", backend="f1", build_timeout=WAIT))
+        # a running create is not waited for: the delete is taken at once and follows the create
+        assert await cp.delete_instance("vm1.fake.test", backend="f1", build_timeout=WAIT) is None
+        building = await cp.get_instance("vm1.fake.test", backend="f1")
+        assert building is not None and building.status is InstanceStatus.BUILD
+        assert building.delete_requested_at is not None
         # a queued create is canceled: the instance never exists, its request is canceled
         assert await cp.delete_instance("vm2.fake.test", backend="f1") == queued_job
         assert fake.cluster.jobs[queued_job].status is JobStatus.CANCELED
@@ -157,13 +160,21 @@ async def test_delete_instance_of_a_build_instance(tmp_path, db_url) -> None:
         assert await cp.get_request(rid) == request
         assert [j["result"] for j in await cp.store.instance_jobs("f1", "vm2.fake.test")] == ["canceled"]
 
-        remove_job = await removing
-        assert remove_job not in (running_job, queued_job)
-        assert fake.cluster.jobs[running_job].status is JobStatus.SUCCESS
+        # the create ends, and the remove follows it (this process follows what it deferred)
+        async def destroyed() -> bool:
+            found = await cp.get_instance("vm1.fake.test", backend="f1")
+            return found is not None and found.status is InstanceStatus.DESTROYED
 
-        await eventually(lambda: stored_final(cp, remove_job))
+        await eventually(destroyed, timeout=WAIT)
+        assert fake.cluster.jobs[running_job].status is JobStatus.SUCCESS
         removed = await cp.get_instance("vm1.fake.test", backend="f1")
-        assert removed is not None and removed.status is InstanceStatus.DESTROYED
+        assert removed is not None and removed.delete_requested_at is None
+        remove_job = next(
+            j["job_id"]
+            for j in await cp.store.instance_jobs("f1", "vm1.fake.test")
+            if j["action"] == "remove"
+        )
+        assert remove_job not in (running_job, queued_job)
         assert "vm1.fake.test" not in fake.cluster.instances
         jobs = await cp.store.instance_jobs("f1", "vm1.fake.test")
         assert [(j["job_id"], j["action"], j["result"]) for j in jobs] == [
