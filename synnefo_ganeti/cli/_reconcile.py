@@ -30,7 +30,7 @@ _FIX_FLAGS = {
 
 _NETWORK_FLAGS = {
     NetworkDriftKind.STALE: "Make again in Ganeti the networks the database holds and Ganeti lost.",
-    NetworkDriftKind.OUT_OF_SYNC: "Set Ganeti's network to what the database holds (gateway, MAC prefix).",
+    NetworkDriftKind.OUT_OF_SYNC: "Set Ganeti's network to what the database holds (gateway, MAC prefix, ranges).",
     NetworkDriftKind.NOT_CONNECTED: "Connect networks to the node groups they should be connected to.",
     NetworkDriftKind.PENDING: "Finish networks whose create (or delete) stopped half-way.",
     NetworkDriftKind.ADDRESS_UNRESERVED: "Reserve in Ganeti's pool the addresses stored instances use.",

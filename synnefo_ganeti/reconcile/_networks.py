@@ -12,8 +12,11 @@ three for one backend (what the reconciler calls). The kinds:
   Fix, only with ``delete_orphans``: disconnect it and remove it from Ganeti (refused
   while Ganeti lists instances on it).
 * ``network_out_of_sync``: the subnet, gateway or MAC prefix Ganeti reports differs from
-  the stored one. Fix: the gateway and MAC prefix set back in Ganeti
-  (``OP_NETWORK_SET_PARAMS``); a subnet cannot change (delete and create the network).
+  the stored one, or (a network on several backends) its pool leaves addresses of the other
+  backends' ranges free (made before ranges, or an operator's ``remove_reserved_ips``).
+  Fix: the gateway and MAC prefix set back in Ganeti (``OP_NETWORK_SET_PARAMS``), else the
+  other ranges reserved (``add_reserved_ips``; Ganeti takes not both in one job); a subnet
+  cannot change (delete and create the network).
 * ``network_not_connected``: Ganeti has it, but not connected to a group it should be
   (Synnefo's "hanging groups"). Fix: connect it.
 * ``network_pending``: the backend's row is pending, error or deleting and has not moved
@@ -61,6 +64,7 @@ from synnefo_ganeti.reconcile._network_jobs import (
     make_on_backend,
     remove_from_backend,
     run_job,
+    unreserved_elsewhere,
 )
 from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
 from synnefo_ganeti.store._networks import NetworkState, NetworkStore, StoredNetwork
@@ -267,6 +271,14 @@ def plan_networks(snapshot: NetworkSnapshot, *, grace: float = NETWORK_GRACE) ->
             )
             continue
         said, values = _differences(stored, net)
+        missing = (
+            [] if said or net.external_reservations is None else unreserved_elsewhere(stored, backend, net)
+        )
+        if missing:
+            said.append(
+                f"{len(missing)} addresses of the other backends' ranges are free in its pool ({missing[0]}, ...)"
+            )
+            values["add_reserved_ips"] = missing
         if said:
             drifts.append(
                 NetworkDrift(
@@ -316,6 +328,8 @@ def plan_conflicts(snapshots: Iterable[NetworkSnapshot]) -> list[NetworkDrift]:
             net = snapshot.ganeti.get(name)
             if stored.on(backend) is None or net is None or (net.network or None) != stored.subnet:
                 continue
+            if net.external_reservations is None:
+                continue  # which reservations are external is not known: no pool side
             reserved, external = _reserved(net)
             for ip in reserved - external:
                 pools.setdefault((name, ip), set()).add(backend)

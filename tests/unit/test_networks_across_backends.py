@@ -190,3 +190,21 @@ async def test_an_address_held_by_two_instances_is_reported(db_url: str, tmp_pat
         assert kinds >= {("f1", "address_conflict", "10.92.0.2"), ("f2", "address_conflict", "10.92.0.2")}
         table = await cli("reconcile", "--config", str(config))
         assert table.exit_code == 1 and "address_conflict" in table.output
+
+        # f2's pool leaves f1's range free: out of sync there, and its fix reserves the range again
+        assert ("f2", "network_out_of_sync", None) in kinds and (
+            "f1",
+            "network_out_of_sync",
+            None,
+        ) not in kinds
+        fixed = await cli("reconcile", "--config", str(config), "--json", "--fix-network-out-of-sync")
+        after = json.loads(fixed.stdout)
+        assert [
+            (d["kind"], d["fixed"]) for b in after["backends"] if b["name"] == "f2" for d in b["networks"]
+        ] == [
+            ("network_out_of_sync", True),
+            ("address_conflict", False),
+        ]
+        assert external(f2, NET) >= set(freed)  # 10.92.0.2 too: held by twinf2 and reserved
+        again = json.loads((await cli("reconcile", "--config", str(config), "--json")).stdout)
+        assert {d["kind"] for b in again["backends"] for d in b["networks"]} == {"address_conflict"}
