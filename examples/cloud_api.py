@@ -11,9 +11,10 @@ dispatcher places each request on a backend, submits it and follows every job to
 Routes (JSON in and out)::
 
     POST   /servers              {"name", "memory", "vcpus", "disk", "os", ["disk_template", "backend",
-                                 "request_id", "networks"]}; header Idempotency-Key -> 202 {"request_id",
-                                 "server"}; "networks": a NIC on each, its address from the pool
-    GET    /servers/{id}         a server by its id, or by the request id while it is not placed
+                                 "request_id", "networks"]}; header Idempotency-Key -> 202 {"id",
+                                 "request_id", "server"}: "id" is the server's, at once and for good;
+                                 "networks": a NIC on each, its address from the pool
+    GET    /servers/{id}         a server by its id (its request's id finds it too)
     GET    /servers              ?limit=&after=&backend=&status=&name= -> {"servers", "next"}
     POST   /servers/{id}/action  {"action": "start" | "stop" | "reboot", ["type": "soft"]} -> 202 {"job_id"}
                                  {"action": "resize", ["memory"], ["vcpus"]}: memory MiB, from the next start
@@ -24,7 +25,8 @@ Routes (JSON in and out)::
     DELETE /servers/{id}/nics/{index}     -> 202 {"job_id"}
     POST   /servers/{id}/volumes {"size": GiB}: attach a disk -> 202 {"job_id"}
     DELETE /servers/{id}/volumes/{index}  -> 202 {"job_id"} (stop the server first)
-    DELETE /servers/{id}         -> 202 {"job_id"}
+    DELETE /servers/{id}         -> 202 {"job_id"}: at any stage, at once (never 409); a server
+                                 still building is canceled, or removed as soon as its build ends
     GET    /backends/{name}      what the backend offers (OSes, disk templates, networks, policy, ...)
     POST   /networks             {"name", "subnet", ["gateway"], ["mac_prefix"], ["backends"]}: made on
                                  every backend (or those), answered once it is -> 201 {"network"}
@@ -72,10 +74,10 @@ from synnefo_ganeti import (
     InvalidError,
     NotFoundError,
     Request,
-    RequestStatus,
     Settings,
     StoredInstance,
     StoredNetwork,
+    ValidationError,
 )
 
 __all__ = ["ERRORS", "main", "make_app"]
@@ -91,14 +93,6 @@ SERVER_STATUS = {
     InstanceStatus.ERROR: "ERROR",
     InstanceStatus.DESTROYED: "DELETED",
 }
-#: ... and for a request not placed yet (or never placed)
-REQUEST_STATUS = {
-    RequestStatus.PENDING: "BUILD",
-    RequestStatus.SUBMITTED: "BUILD",
-    RequestStatus.SUCCEEDED: "BUILD",
-    RequestStatus.FAILED: "ERROR",
-    RequestStatus.CANCELED: "DELETED",
-}
 PAGE = 50  # a listing's page unless ?limit= (at most MAX_PAGE)
 #: Idempotency-Key -> request id: the same key always names the same request (scope it per tenant)
 KEY_NAMESPACE = uuid.UUID("5d3a0bd4-8b0e-4f4b-9a51-5b0a7d1f2c11")
@@ -107,7 +101,8 @@ KEY_NAMESPACE = uuid.UUID("5d3a0bd4-8b0e-4f4b-9a51-5b0a7d1f2c11")
 # -- from the library's objects to the API's JSON ---------------------------------------------------
 
 
-def server_json(instance: StoredInstance, *, request_id: str | None = None) -> dict[str, Any]:
+def server_json(instance: StoredInstance, *, request: Request | None = None) -> dict[str, Any]:
+    """A server: its instance, and while its request waits to be placed, why (``waiting``)."""
     stored = instance.to_json()
     fields = (
         "id",
@@ -121,28 +116,16 @@ def server_json(instance: StoredInstance, *, request_id: str | None = None) -> d
         "pnode",
         "nics",
         "disks",
+        "request_id",
+        "delete_requested_at",
     )
+    waiting = None if request is None or request.is_final else request.waiting_reason
     return {
         **{key: stored[key] for key in fields},
         "status": SERVER_STATUS[instance.status],
         "state": stored["status"],
-        "request_id": request_id,
-        "created_at": stored["created_at"],
-        "updated_at": stored["updated_at"],
-    }
-
-
-def request_json(request: Request) -> dict[str, Any]:
-    stored = request.to_json()
-    return {
-        "id": request.id,
-        "name": request.instance,
-        "backend": request.backend,
-        "status": REQUEST_STATUS[request.status],
-        "state": stored["status"],
-        "task": None if request.is_final else "build",
-        "error": request.error,
-        "request_id": request.id,
+        "attempts": None if request is None else request.attempts,
+        "waiting": waiting,
         "created_at": stored["created_at"],
         "updated_at": stored["updated_at"],
     }
@@ -171,33 +154,37 @@ def spec_from(body: dict[str, Any]) -> InstanceSpec:
             beparams={"memory": memory, "vcpus": vcpus},
         )
     except pydantic.ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise InvalidError(f"the server is not valid: {problems}") from None
+        errors = exc.errors()
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors)
+        first = ".".join(map(str, errors[0]["loc"])) if errors and errors[0]["loc"] else None
+        if first is None:
+            raise InvalidError(f"the server is not valid: {problems}") from None
+        raise ValidationError(f"the server is not valid: {problems}", field=first) from None
 
 
 # -- the handlers -----------------------------------------------------------------------------------
 
 
-async def find(cp: ControlPlane, server_id: str) -> tuple[StoredInstance | None, Request | None]:
-    """The instance ``server_id`` names (its id, or its request's id), and that request if any."""
+async def find(cp: ControlPlane, server_id: str) -> StoredInstance:
+    """The server ``server_id`` names: its id (given at once by ``request_instance``, through the
+    request's ``instance_id``), or its request's id (older clients)."""
     instance = await cp.get_instance(server_id)
     if instance is not None:
-        return instance, None
+        return instance
     try:
         request = await cp.get_request(server_id)
     except NotFoundError:
         raise NotFoundError(f"no server has id {server_id}: check the id (GET /servers lists them)") from None
-    if request.instance_id is not None:
-        return await cp.get_instance(request.instance_id), request
-    return None, request
+    found = None if request.instance_id is None else await cp.get_instance(request.instance_id)
+    if found is None:
+        raise NotFoundError(f"request {server_id} has no server (written before its id was given at once)")
+    return found
 
 
 async def view(cp: ControlPlane, server_id: str) -> dict[str, Any]:
-    instance, request = await find(cp, server_id)
-    if instance is not None:
-        return server_json(instance, request_id=None if request is None else request.id)
-    assert request is not None
-    return request_json(request)
+    instance = await find(cp, server_id)
+    request = None if instance.request_id is None else await cp.get_request(instance.request_id)
+    return server_json(instance, request=request)
 
 
 async def create_server(request: web.Request) -> web.Response:
@@ -210,9 +197,12 @@ async def create_server(request: web.Request) -> web.Response:
         backend=field(body, "backend", str),
         request_id=None if key is None else str(uuid.uuid5(KEY_NAMESPACE, key)),
     )
-    server = await view(cp, request_id)
-    headers = {"Location": f"/servers/{request_id}"}
-    return web.json_response({"request_id": request_id, "server": server}, status=202, headers=headers)
+    server_id = (await cp.get_request(request_id)).instance_id  # the server's id, at once
+    assert server_id is not None
+    server = await view(cp, server_id)
+    headers = {"Location": f"/servers/{server_id}"}
+    body = {"id": server_id, "request_id": request_id, "server": server}
+    return web.json_response(body, status=202, headers=headers)
 
 
 async def get_server(request: web.Request) -> web.Response:
@@ -244,13 +234,12 @@ async def list_servers(request: web.Request) -> web.Response:
 
 
 async def placed(cp: ControlPlane, server_id: str) -> StoredInstance:
-    """The instance of a server; a server whose request is not placed yet has none (409)."""
-    instance, create = await find(cp, server_id)
-    if instance is None:
-        assert create is not None
+    """The instance of a server placed on a backend; one still waiting to be placed is a 409."""
+    instance = await find(cp, server_id)
+    if instance.backend is None:
         raise ConflictError(
-            f"server {create.id} has no instance yet (its request is {create.status}): "
-            "wait until the server is placed (task build), or delete it"
+            f"server {instance.id} is {instance.status} and not placed on a backend yet (its request "
+            f"{instance.request_id}): wait until it is built, or delete it"
         )
     return instance
 
@@ -335,14 +324,10 @@ async def get_backend(request: web.Request) -> web.Response:
 
 
 async def delete_server(request: web.Request) -> web.Response:
-    """Delete a server; a request not placed yet is canceled instead."""
+    """Delete a server at any stage, at once: the outcome (DELETED) comes by GET or /events."""
     cp = request.app[CONTROL_PLANE]
-    instance, create = await find(cp, request.match_info["id"])
-    if instance is None:
-        assert create is not None
-        canceled = await cp.cancel_request(create.id)
-        return web.json_response({"job_id": canceled.job_id, "server": request_json(canceled)}, status=202)
-    job_id = await cp.delete_instance(instance.id)  # None: nothing was left to remove in Ganeti
+    instance = await find(cp, request.match_info["id"])
+    job_id = await cp.delete_instance(instance.id)  # None: canceled, nothing left, or it follows a build
     return web.json_response({"job_id": job_id, "server": await view(cp, instance.id)}, status=202)
 
 

@@ -99,11 +99,14 @@ async def test_the_example_cloud_api_end_to_end(tmp_path: Path, db_url: str) -> 
                     client, "POST", "/servers", 202, json=body, headers={"Idempotency-Key": name}
                 )
                 assert created["server"]["status"] == "BUILD" and created["server"]["task"] == "build"
+                # the server's own id at once, the one it keeps for good
+                assert created["id"] == created["server"]["id"] != created["request_id"]
+                assert created["server"]["request_id"] == created["request_id"]
                 again = await call(
                     client, "POST", "/servers", 202, json=body, headers={"Idempotency-Key": name}
                 )
-                assert again["request_id"] == created["request_id"]
-                made[name] = created["request_id"]
+                assert (again["request_id"], again["id"]) == (created["request_id"], created["id"])
+                made[name] = (created["request_id"], created["id"])
             changed = await call(
                 client, "POST", "/servers", 409, json=body_of("web1.example", memory=512),
                 headers={"Idempotency-Key": "web1.example"},
@@ -112,11 +115,10 @@ async def test_the_example_cloud_api_end_to_end(tmp_path: Path, db_url: str) -> 
 
         # each becomes ACTIVE, found by its request id and then by its own id, with Ganeti's NICs
         servers = {}
-        for name, request_id in made.items():
-            server = await server_until(client, request_id, "ACTIVE")
-            assert (
-                server["id"] != request_id and server["request_id"] == request_id and server["name"] == name
-            )
+        for name, (request_id, server_id) in made.items():
+            server = await server_until(client, server_id, "ACTIVE")
+            assert (server["id"], server["request_id"], server["name"]) == (server_id, request_id, name)
+            assert (await call(client, "GET", f"/servers/{request_id}", 200))["id"] == server_id
             servers[name] = await call(client, "GET", f"/servers/{server['id']}", 200)
             assert servers[name]["state"] == "STARTED" and servers[name]["last_error"] is None
         assert (
@@ -184,8 +186,9 @@ async def test_the_example_cloud_api_end_to_end(tmp_path: Path, db_url: str) -> 
             c["id"] for c in changes
         )
         assert {"request", "instance"} <= {c["kind"] for c in changes}
-        assert {"kind": "request", "key": made["db1.example"], "status": "succeeded"}.items() <= next(
-            c for c in changes if c["key"] == made["db1.example"] and c["status"] == "succeeded"
+        db1_request = made["db1.example"][0]
+        assert {"kind": "request", "key": db1_request, "status": "succeeded"}.items() <= next(
+            c for c in changes if c["key"] == db1_request and c["status"] == "succeeded"
         ).items()
         web2_ends = [c["status"] for c in changes if c["key"] == web2 and c["task"] is None]
         assert web2_ends[-1] == "DESTROYED" and "STOPPED" in web2_ends

@@ -594,3 +594,33 @@ async def test_0004_downgrades_to_0003_and_upgrades_again(db_url: str, engine: A
         request, new = await store.add_request(spec_of(), name=NAME)
         assert new and (await store.request_counts()) == {(None, "pending"): 1}
         assert request.id in [r.id for r in await store.claim_requests("d1")]
+
+
+async def test_a_delete_during_a_create_that_would_be_placed_again_cancels_it_for_good(db_url) -> None:
+    """The reported bug: a create failing for a reason of its backend went back to be placed again,
+    the user deleted the server meanwhile, and it was created anyway. Deleted while the create
+    runs, the request ends canceled and its instance DESTROYED: never placed again."""
+    async with Store(db_url) as store:
+        request = await submitted(store, 21, name="vm21")
+        assert request.instance_id is not None
+        assert await store.defer_delete(request.instance_id, request_id=request.id)
+        marked = await store.get_instance(None, None, id=request.instance_id)
+        assert marked is not None and marked.delete_requested_at is not None
+        await store.record(B1, job(CREATE_BAD_OS, job_id=21))
+        ended = await current(store, request.id)
+        assert ended.status is RequestStatus.CANCELED and ended.is_final
+        assert ended.error is not None and "deleted while being built" in ended.error
+        gone = await store.get_instance(None, None, id=request.instance_id)
+        assert gone is not None and gone.status is InstanceStatus.DESTROYED and gone.delete_requested_at is None
+        assert await store.deletes_due() == []
+        # a create that succeeds is followed by its delete: due once its task is free
+        other = await submitted(store, 22, name="vm22")
+        assert other.instance_id is not None
+        await store.defer_delete(other.instance_id, request_id=other.id)
+        assert await store.deletes_due() == []  # its create still runs
+        await store.record(B1, job(CREATE_OK, job_id=22))
+        assert (await current(store, other.id)).status is RequestStatus.SUCCEEDED
+        (due,) = await store.deletes_due()
+        assert (due.id, due.name, due.backend) == (other.instance_id, "vm22", B1)
+        await store.clear_delete(other.instance_id)
+        assert await store.deletes_due() == [] and await store.pending_deletes() == 0
