@@ -31,16 +31,11 @@ from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.metrics import DRIFT_FOUND
 from synnefo_ganeti.rapi import RapiClient
+from synnefo_ganeti.reconcile import _networks
 from synnefo_ganeti.reconcile._fetch import INSTANCE_FIELDS
 from synnefo_ganeti.reconcile._job_file import job_file
 from synnefo_ganeti.reconcile._marks import ours, record_marks
-from synnefo_ganeti.reconcile._networks import (
-    NetworkDrift,
-    NetworkDriftKind,
-    NetworkSnapshot,
-    check_networks,
-    conflicts_by_backend,
-)
+from synnefo_ganeti.reconcile._networks import NetworkDrift, NetworkDriftKind, check_networks
 from synnefo_ganeti.reconcile._observe import observed_changes
 from synnefo_ganeti.reconcile._pass import PassReads, PassRows, settle
 from synnefo_ganeti.reconcile._plan import (
@@ -335,7 +330,7 @@ class Reconciler(BackendResources):
         delete_orphans: bool,
         timeout: float,
         reads: PassReads | None,
-        seen: list[NetworkSnapshot] | None = None,
+        seen: list[_networks.NetworkSnapshot] | None = None,
     ) -> list[NetworkDrift]:
         async with asyncio.timeout(timeout):
             client = await self.client(backend)
@@ -362,7 +357,7 @@ class Reconciler(BackendResources):
         delete_orphans: bool = False,
         network_fixes: Collection[NetworkDriftKind | str] = frozenset(),
         reads: PassReads | None = None,
-        seen: list[NetworkSnapshot] | None = None,
+        seen: list[_networks.NetworkSnapshot] | None = None,
     ) -> BackendReport:
         """One backend: snapshots under its timeout, the plan, the requested fixes; never raises.
 
@@ -450,7 +445,7 @@ class Reconciler(BackendResources):
         # cycle made meanwhile waits for the pass's end (bounded by the backends' timeouts).
         # One database snapshot for the pass, taken before any backend is asked; each backend's
         # rows are read in it while the backends answer (_pass.PassReads).
-        seen: list[NetworkSnapshot] = []
+        seen: list[_networks.NetworkSnapshot] = []
         with gc_paused():
             async with PassReads(self.store, names) as reads:
                 reports = await asyncio.gather(
@@ -466,7 +461,7 @@ class Reconciler(BackendResources):
                         for name in names
                     )
                 )
-        conflicts = conflicts_by_backend(seen)  # address_conflict: across the backends' snapshots
+        conflicts = _networks.conflicts_by_backend(seen)  # address_conflict: across the backends' snapshots
         for report in [r for r in reports if r.ok]:
             for drift in conflicts.get(report.name, []):
                 report.networks.append(drift)
