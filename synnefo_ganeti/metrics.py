@@ -24,6 +24,7 @@ __all__ = [
     "REGISTRY",
     "REQUESTS",
     "REQUESTS_PENDING",
+    "REQUESTS_WAITING",
     "RESERVATIONS_RECLAIMED",
     "STORE_EVENTS",
     "STORE_PENDING",
@@ -126,6 +127,13 @@ RESERVATIONS_RECLAIMED = Counter(
 REQUESTS_PENDING = Gauge(
     "synnefo_ganeti_requests_pending",
     "Requests waiting to be submitted",
+    registry=REGISTRY,
+)
+REQUESTS_WAITING = Gauge(
+    "synnefo_ganeti_requests_waiting",
+    "Requests this dispatcher holds that no backend takes now, by why (reason: no_room, "
+    "backend_down, drained, not_offered, failed_there; Request.waiting_reason has the words)",
+    ["reason"],
     registry=REGISTRY,
 )
 BACKEND_UP = Gauge(

@@ -69,7 +69,8 @@ def requests_list(
     limit: int,
     as_json: bool,
 ) -> None:
-    """The newest requests first (without their specs: 'requests show' has them)."""
+    """The newest requests first (without their specs: 'requests show' has them); why the
+    pending ones no backend takes now wait, in a "waiting" column when any does."""
     url = database_url(config_file, db_url)
     found = with_store(
         url, lambda store: store.list_requests(status=statuses or None, backend=backend, limit=limit)
@@ -80,12 +81,16 @@ def requests_list(
     if not found:
         empty("no requests stored" + (" matching the filters" if statuses or backend else ""))
         return
-    table = request_table("instance", "status", "backend", "job", "attempts", "created", "error")
+    # why those not placed wait (Request.waiting_reason): a column of its own when any does
+    waits = any(request.waiting_reason for request in found)
+    columns = ["instance", "status", "backend", "job", "attempts", "created", "error"]
+    table = request_table(*columns, *(["waiting"] if waits else []))
     for request in found:
         table.add_row(
             request.id, request.instance, request.status.value, request.backend or "",
             "" if request.job_id is None else str(request.job_id), str(request.attempts),
             when(request.created_at), request.error or "",
+            *([request.waiting_reason or ""] if waits else []),
         )  # fmt: skip
     stdout().print(table)
 

@@ -13,7 +13,7 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti.dispatch._moves import NodeMoves
 from synnefo_ganeti.errors import GanetiError, NotFoundError
 from synnefo_ganeti.jobs import JobStatus
-from synnefo_ganeti.rapi import REASON_PREFIX, InstanceSpec, RapiClient
+from synnefo_ganeti.rapi import REASON_PREFIX, RapiClient
 from synnefo_ganeti.store import (
     InstanceStatus,
     Request,
@@ -143,8 +143,9 @@ class Recovery(NodeMoves):
         if job_id is not None:
             log.warning("request %s: found as job %d on %s; recorded", request.id, job_id, name)
             self.stats.recovered += 1
-            spec = InstanceSpec.model_validate(request.spec)
-            recorded = await self.store.submitted_request(request.id, job_id, start=spec.start)
+            # (its spec's ``start`` alone: a spec stored before a check it fails now was sent all the same)
+            start = request.spec.get("start", True) is not False
+            recorded = await self.store.submitted_request(request.id, job_id, start=start)
             metrics.REQUESTS.labels("submitted").inc()
             entry = self._backends.get(name)
             if entry is not None and entry.tracker is not None:

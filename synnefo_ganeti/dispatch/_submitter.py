@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+
+import pydantic
 
 from synnefo_ganeti import metrics
 from synnefo_ganeti._backoff import Backoff
@@ -15,6 +18,7 @@ from synnefo_ganeti.allocate import NoCapacityError, Requirement, Reservation, c
 from synnefo_ganeti.dispatch import _reservations
 from synnefo_ganeti.dispatch._recovery import TAKEOVER_CHECK
 from synnefo_ganeti.dispatch._reservations import ReservationSweep
+from synnefo_ganeti.dispatch._waiting import WaitingKind, WaitingReasons, waiting_kind
 from synnefo_ganeti.errors import (
     AuthenticationError,
     ConflictError,
@@ -49,11 +53,24 @@ PLACEMENT_BACKOFF = (0.5, 10.0)
 
 
 class _NoRoom(str):
-    """Why a request was not placed: no backend has room for it now."""
+    """Why a request was not placed: no backend takes it now; ``kind`` (dispatch/_waiting.py)."""
+
+    kind: WaitingKind
+
+    @classmethod
+    def of(cls, exc: NoCapacityError) -> _NoRoom:
+        room = cls(exc)
+        room.kind = waiting_kind(exc.reasons)
+        return room
 
 
 class Submitter(ReservationSweep):
     """Claim, place, submit, record: one task per claimed request."""
+
+    @functools.cached_property
+    def _waiting(self) -> WaitingReasons:
+        """The requests held here that no backend takes now, and why (``Request.waiting_reason``)."""
+        return WaitingReasons()
 
     def _capacity(self) -> int:
         """How many claimed requests may be worked on at once. Only ``submit_concurrency`` per
@@ -120,6 +137,12 @@ class Submitter(ReservationSweep):
         would take it; it is worked on again once the database answers, from what the database
         then says (a create sent before the failure is found in Ganeti by its request id, not
         sent again)."""
+        try:
+            await self._work_on_through_outages(request)
+        finally:
+            self._waiting.forget(request.id)  # (its reason: cleared with its placement or end)
+
+    async def _work_on_through_outages(self, request: Request) -> None:
         backoff = Backoff(*OUTAGE_BACKOFF)
         fresh = True  # as the claim (or the take-over) just read it
         while True:
@@ -159,6 +182,8 @@ class Submitter(ReservationSweep):
             if await self._attempts_spent(request):
                 return
             outcome = await self._place_and_submit(request)
+            if not isinstance(outcome, _NoRoom):
+                self._waiting.forget(request.id)  # placed (its reason cleared with it), or done with
             if outcome is None:
                 return
             if not self._claiming:
@@ -180,16 +205,29 @@ class Submitter(ReservationSweep):
                 )
                 return
             if isinstance(outcome, _NoRoom):
+                await self._note_waiting(request, outcome)
                 await self._room.wait(backoff.next(), self._stop)  # in line for the next freed place
             else:
                 await self._pause(backoff.next())
+
+    async def _note_waiting(self, request: Request, why: _NoRoom) -> None:
+        """Write why the request waits (``Request.waiting_reason``); a database that cannot is no
+        reason to stop waiting (the next round writes it)."""
+        try:
+            await self._waiting.note(self.store, request.id, self.id, why.kind, str(why))
+        except GanetiError as exc:
+            log.info("request %s: its waiting reason not written (%s)", request.id, exc)
 
     async def _place_and_submit(self, request: Request) -> str | None:
         """None when the request is done with (submitted, failed); else why to try again later.
 
         A :class:`StoreError` (the database down or locked) is raised: :meth:`_process` tries
         again later; only a real clash (:class:`ConflictError`: the name taken) fails it."""
-        spec = InstanceSpec.model_validate(request.spec)
+        try:
+            spec = InstanceSpec.model_validate(request.spec)
+        except pydantic.ValidationError as exc:  # stored before a check it fails now (its name)
+            await self._fail(request, f"its spec is refused now: {exc}")
+            return None
         try:
             reservation = self._reserve(request, spec)
         except NoCapacityError as exc:
@@ -200,7 +238,7 @@ class Submitter(ReservationSweep):
                 why = (request.error or "its create failed").removesuffix("; placing it again")
                 await self._fail(request, f"{why}; no other backend takes it")
                 return None
-            return _NoRoom(exc)
+            return _NoRoom.of(exc)
         name = reservation.name
         tags = list(
             dict.fromkeys([*spec.tags, *self.settings.ownership.tags_for_new(), request_tag(request.id)])
