@@ -36,6 +36,7 @@ from synnefo_ganeti.store._networks import NetworkState, NetworkStore, StoredNet
 
 if TYPE_CHECKING:
     from synnefo_ganeti.config import Settings
+    from synnefo_ganeti.control._validate import SpecChecker
     from synnefo_ganeti.rapi import RapiClient
     from synnefo_ganeti.store import Store
 
@@ -65,6 +66,8 @@ class NetworkMethods:
         @property
         def store(self) -> Store: ...
         async def client(self, backend: str) -> RapiClient: ...
+
+        _checker: SpecChecker
 
     @property
     def _networks(self) -> NetworkStore:
@@ -127,12 +130,15 @@ class NetworkMethods:
             tags=self.settings.ownership.tags_for_new(),
             backends=names,
         )
-        await _all(
-            {
-                b: make_on_backend(clients[b], self._networks, network, b, want[b], timeout=timeout)
-                for b in names
-            }
-        )
+        try:
+            await _all(
+                {
+                    b: make_on_backend(clients[b], self._networks, network, b, want[b], timeout=timeout)
+                    for b in names
+                }
+            )
+        finally:
+            self._checker.catalogs.outdated(names)  # the create checks find the network at once
         return await self._networks.require(checked.name)
 
     async def delete_network(self, name: str, *, timeout: float | None = None) -> None:

@@ -32,6 +32,8 @@ CATALOG_INTERVAL = 300.0
 CATALOG_TIMEOUT = 5.0
 #: seconds before a backend whose catalog could not be fetched is asked again
 CATALOG_RETRY = 30.0
+#: seconds a catalog is trusted before a spec naming a network it lacks reads it again
+NETWORK_RECHECK = 2.0
 
 
 class Catalogs:
@@ -118,11 +120,15 @@ class Catalogs:
         self._store(name, info, nodes, oses, networks)
         return self._known[name][1]
 
-    def outdated(self, names: Iterable[str]) -> None:
-        """Read ``names``' catalogs again on next use (their OS lists kept): a network made since."""
+    def outdated(self, names: Iterable[str], *, older_than: float = 0.0) -> None:
+        """Read ``names``' catalogs again on next use (their OS lists kept): a network made since.
+        ``older_than``: only those read more than that many seconds ago."""
+        now = time.monotonic()
         for name in names:
-            self._known.pop(name, None)
-            self._failed.pop(name, None)
+            known = self._known.get(name)
+            if known is None or now - known[0] >= older_than:
+                self._known.pop(name, None)
+                self._failed.pop(name, None)
 
     async def oses(self, name: str, client: RapiClient | None = None) -> frozenset[str] | None:
         """``GET /2/os`` of ``name``, asked at most every ``interval`` s; ``None``: not known."""
@@ -162,8 +168,9 @@ class SpecChecker:
         except ValidationError as exc:
             if not (exc.field or "").startswith("nics["):
                 raise
-            # a network made after the catalogs were read: read them again before refusing
-            self.catalogs.outdated(names)
+            # a network made after the catalogs were read (by another process: create_network
+            # outdates this one's): read them again before refusing, unless just read
+            self.catalogs.outdated(names, older_than=NETWORK_RECHECK)
             check_spec(spec, await self.catalogs.get(names))
 
 
