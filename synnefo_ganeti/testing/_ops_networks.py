@@ -165,7 +165,7 @@ def nic_mods(
         action, params = str(mod[0]), dict(mod[-1] or {})
         index = int(mod[1]) if len(mod) == 3 and str(mod[1]).lstrip("-").isdigit() else -1
         if action == "add":
-            nic = _new_nic(cluster, inst.pnode, params | {"mac": macs.take(params)}, reserve)
+            nic = _new_nic(cluster, inst.pnode, params | {"mac": macs.take(params)}, reserve, None)
             resolved.append([action, index, params | {"ip": nic["ip"], "mac": nic["mac"]}])
             nics.append(nic) if index == -1 else nics.insert(index, nic)
             at = len(nics) - 1 if index == -1 else index
@@ -206,7 +206,10 @@ def create_nics(
     """A create's NICs: ``plain`` makes one without a network; one on a network takes its
     address (``ip=pool``: the first free one) and its mode and link from the group's connection."""
     reserve: list[tuple[FakeNetwork, str]] = []
-    made = [_new_nic(cluster, pnode, nic, reserve) if nic.get("network") else plain(nic) for nic in nics]
+    made = [
+        _new_nic(cluster, pnode, nic, reserve, index) if nic.get("network") else plain(nic)
+        for index, nic in enumerate(nics)
+    ]
     for net, ip in reserve:
         net.pool.reserve(ip)
     return made
@@ -221,8 +224,15 @@ def release_nics(cluster: FakeCluster, inst: FakeInstance) -> None:
 
 
 def _new_nic(
-    cluster: FakeCluster, pnode: str, params: dict[str, Any], reserve: list[tuple[FakeNetwork, str]]
+    cluster: FakeCluster,
+    pnode: str,
+    params: dict[str, Any],
+    reserve: list[tuple[FakeNetwork, str]],
+    index: int | None,
 ) -> dict[str, Any]:
+    """A NIC made or added (``index``: its place in a create; None: added by ``LUInstanceSetParams``),
+    with Ganeti's refusals of each: ``LUInstanceCreate.CheckPrereq`` and ``_PrepareNicModification``
+    word them differently."""
     ip = params.get("ip")
     mac = params.get("mac")
     nic: dict[str, Any] = {"mac": new_mac() if mac in (None, "auto", "generate") else str(mac), "uuid": str(uuid.uuid4()), "name": params.get("name"),
@@ -231,11 +241,13 @@ def _new_nic(
     if params.get("network"):
         net = cluster.model.network(str(params["network"]))
         group = cluster.model.group_of(pnode)
-        if net.name not in group.networks:
+        if net.name not in group.networks:  # GetGroupNetParams is None
             raise OpFailure(
                 "OpPrereqError",
-                f"Network '{net.name}' is not connected to group '{group.name}'",
-                "wrong_state",
+                f"No netparams found for network {net.name}. Probably not connected to node's {pnode} nodegroup"
+                if index is not None
+                else f"No netparams found for the network {net.name}, probably not connected",
+                "wrong_input",
             )
         mode, link, vlan = group.networks[net.name]
         taken = {address for n, address in reserve if n is net}
@@ -243,14 +255,20 @@ def _new_nic(
             free = [
                 str(a) for a in net.pool.network if not net.pool.is_reserved(str(a)) and str(a) not in taken
             ]
-            if not free:
-                raise OpFailure("OpPrereqError", f"{net.network} is full", "wrong_state")
+            if not free:  # GenerateIp: a ReservationError
+                which = f" for NIC {index}" if index is not None else ""
+                raise OpFailure(
+                    "OpPrereqError", f"Unable to get a free IP{which} from the address pool", "wrong_state"
+                )
             nic["ip"] = free[0]
         elif nic["ip"] is not None and (net.pool.is_reserved(nic["ip"]) or nic["ip"] in taken):
             raise OpFailure(
-                "OpPrereqError", f"IP address '{nic['ip']}' already in use or does not belong to network {net.name}",
+                "OpPrereqError",
+                f"IP address {nic['ip']} already in use or does not belong to network {net.name}"
+                if index is not None
+                else f"IP {nic['ip']} not available in network {net.name}",
                 "not_unique",
-            )  # fmt: skip
+            )
         if nic["ip"] is not None:
             reserve.append((net, nic["ip"]))
         nic.update(mode=mode, link=link, network=net.name, network_uuid=net.uuid,

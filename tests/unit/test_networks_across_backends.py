@@ -208,3 +208,44 @@ async def test_an_address_held_by_two_instances_is_reported(db_url: str, tmp_pat
         assert external(f2, NET) >= set(freed)  # 10.92.0.2 too: held by twinf2 and reserved
         again = json.loads((await cli("reconcile", "--config", str(config), "--json")).stdout)
         assert {d["kind"] for b in again["backends"] for d in b["networks"]} == {"address_conflict"}
+
+
+async def test_the_fake_refuses_nics_in_ganeti_s_words() -> None:
+    """LUInstanceCreate.CheckPrereq and LUInstanceSetParams._PrepareNicModification, as worded in
+    Ganeti 3.0: a pool without a free address, a fixed address taken, a network not connected."""
+    async with FakeGaneti(tls=False, op_times=QUICK) as fake, helpers.fake_client(fake) as client:
+        await client.wait_for_job(await client.create_network("tiny", "10.93.0.0/30"))  # .1 and .2
+        await client.wait_for_job(await client.create_network("loose", "10.94.0.0/30"))  # no group
+        await client.wait_for_job(await client.connect_network("tiny", "default", "bridged", "br0"))
+
+        async def failure(job_id: int) -> tuple[str, str | None]:
+            job = await client.wait_for_job(job_id)
+            assert job.failure is not None, job
+            return job.failure.message, job.failure.ecode
+
+        made = [on("tiny", f"t{i}.example") for i in range(2)]
+        for spec in made:
+            assert (await client.wait_for_job(await client.create_instance(spec))).status.value == "success"
+        full = helpers.spec("t2.example", nics=[{"mode": "bridged"}, {"network": "tiny", "ip": "pool"}])
+        assert await failure(await client.create_instance(full)) == (
+            "Unable to get a free IP for NIC 1 from the address pool",
+            "wrong_state",
+        )
+        assert await failure(await client.create_instance(on("tiny", "t3.example", ip="10.93.0.1"))) == (
+            "IP address 10.93.0.1 already in use or does not belong to network tiny",
+            "not_unique",
+        )
+        message, ecode = await failure(await client.create_instance(on("loose", "t4.example")))
+        assert message.startswith("No netparams found for network loose. Probably not connected to node's ")
+        assert ecode == "wrong_input"
+        add = await client.modify_instance("t0.example", nics=[["add", {"network": "tiny", "ip": "pool"}]])
+        assert await failure(add) == ("Unable to get a free IP from the address pool", "wrong_state")
+        taken = await client.modify_instance(
+            "t0.example", nics=[["add", {"network": "tiny", "ip": "10.93.0.2"}]]
+        )
+        assert await failure(taken) == ("IP 10.93.0.2 not available in network tiny", "not_unique")
+        loose = await client.modify_instance("t0.example", nics=[["add", {"network": "loose", "ip": "pool"}]])
+        assert await failure(loose) == (
+            "No netparams found for the network loose, probably not connected",
+            "wrong_input",
+        )
