@@ -243,10 +243,11 @@ async def test_the_webhook_posts_signed_changes_and_retries_after_a_500(
             recv.status = 200
             assert d.webhook is not None
             webhook = d.webhook
-            await eventually(lambda: webhook.delivered == 1, what="the delivery (then the cursor moved)")
-            assert "1 delivered" in repr(webhook) and recv.delivered()
+            await eventually(lambda: webhook.delivered >= 1, what="the delivery (then the cursor moved)")
+            assert f"{webhook.delivered} delivered" in repr(webhook) and recv.delivered()
         (first, _, first_status), *_ = recv.posts
         assert first_status == 500 and all(signed for _, signed, _ in recv.posts)
+        # (then the request's waiting reason: no backend is configured here; its own changes)
         change = (await store.list_changes(limit=1))[0]
         assert first == {
             "id": change.id,
@@ -258,7 +259,8 @@ async def test_the_webhook_posts_signed_changes_and_retries_after_a_500(
             "at": change.at.isoformat(),
             "waiting_reason": None,  # (a request's change carries it)
         }
-        assert await store.feed.cursor("webhook") == change.id
+        assert await store.feed.cursor("webhook") >= change.id
+        assert recv.delivered()[0] == change.id
         assert "not delivered (answered 500" in caplog.text
     assert SECRET not in caplog.text
     assert SECRET not in repr(settings) and SECRET not in str(settings.model_dump())
@@ -266,6 +268,7 @@ async def test_the_webhook_posts_signed_changes_and_retries_after_a_500(
 
 
 async def test_a_dispatcher_restart_resumes_from_the_cursor(db_url: str, tmp_path: Path) -> None:
+    # (no backend is configured: each request also says why it waits, a change of its own)
     async with receiver() as (recv, url), Store(db_url, poll_interval=0.05) as store:
         settings = _settings(db_url, url, tmp_path)
         names = [f"r{i}.example" for i in range(6)]
@@ -274,21 +277,26 @@ async def test_a_dispatcher_restart_resumes_from_the_cursor(db_url: str, tmp_pat
                 await _request(store, name)
             webhook = d.webhook
             assert webhook is not None
-            await eventually(lambda: webhook.delivered == 3, what="the first three delivered")
+            await eventually(lambda: webhook.delivered >= 3, what="the first three delivered")
             recv.status = 503  # the receiver fails: the next ones stay in the database
             for name in names[3:5]:
                 await _request(store, name)
-            await eventually(lambda: len(recv.posts) > 3, what="a failing POST")
+            await eventually(lambda: any(status == 503 for *_, status in recv.posts), what="a failing POST")
         delivered_before = await store.feed.cursor("webhook")
         await _request(store, names[5])  # written while no dispatcher runs
         recv.status = 200
+
+        async def all_delivered() -> list[int] | None:
+            ids = [c.id for c in await store.list_changes(limit=None)]
+            return ids if len(ids) >= 6 and set(ids) <= set(recv.delivered()) else None
+
         async with running(Dispatcher(settings, store=store, status_server=False)):
-            await eventually(lambda: len(set(recv.delivered())) == 6, what="every change delivered")
-        changes = await store.list_changes(limit=None)
-        assert [c.id for c in changes] == sorted(set(recv.delivered()))  # none lost
+            seen = await eventually(all_delivered, what="every change delivered")
+        assert sorted(set(recv.delivered()))[: len(seen)] == seen  # none lost
         assert recv.delivered() == sorted(recv.delivered())  # in order (a change again only after a crash)
-        assert delivered_before == changes[2].id
-        assert await store.feed.cursor("webhook") == changes[-1].id
+        changes = await store.list_changes(limit=None)
+        assert len({c.key for c in changes}) == 6 and delivered_before >= changes[2].id
+        assert await store.feed.cursor("webhook") >= seen[-1]
 
 
 async def test_two_deliverers_on_postgresql_deliver_each_change_once(pg_url: str, tmp_path: Path) -> None:
