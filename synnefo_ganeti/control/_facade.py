@@ -91,7 +91,7 @@ class ControlPlane(
     ) -> None:
         self._resources = BackendResources(settings, store=store, clients=clients)
         # specs checked against the backends' catalogs before anything is written (control/_validate.py)
-        self._checker = SpecChecker(lambda: self.settings, self.client)
+        self._checker = SpecChecker(lambda: self.settings, self.client, drained=self._drained_backends)
         # the deletes this process deferred, followed while any waits (control/_deletes.py)
         self._deletes = DeleteFollower(lambda: self.store, self.client, self._owns)
 
@@ -118,6 +118,14 @@ class ControlPlane(
     @settings.setter
     def settings(self, settings: Settings) -> None:
         self._resources.settings = settings
+
+    async def _drained_backends(self) -> set[str]:
+        """The backends an operator drained (none known while the store is not open)."""
+        try:
+            store = self._resources.store
+        except RuntimeError:
+            return set()
+        return await store.drained_backends()
 
     @property
     def store(self) -> Store:

@@ -7,7 +7,9 @@ enabled disk templates, instance policy, largest node) are fetched on first use,
 backends at once, and again once older than ``interval`` seconds (:class:`Catalogs`, which
 the dispatcher's placement uses too). A backend that cannot be reached within ``timeout``
 is skipped (its catalog is tried again after ``retry_after`` seconds): an unreachable
-backend is never a reason to refuse a request.
+backend is never a reason to refuse a request. A backend drained (in the configuration, or by
+an operator: read every ``DRAINED_INTERVAL`` s) is left out unless the request names it: a
+spec only a drained backend's nodes could hold is refused, naming the largest the others take.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ log = logging.getLogger("synnefo_ganeti.control")
 CATALOG_INTERVAL = 300.0
 #: seconds to wait for a backend's catalog before checking without it
 CATALOG_TIMEOUT = 5.0
+#: seconds the backends an operator drained are taken as read (a drain counts within this)
+DRAINED_INTERVAL = 5.0
 #: seconds before a backend whose catalog could not be fetched is asked again
 CATALOG_RETRY = 30.0
 #: seconds a catalog is trusted before a spec naming a network it lacks reads it again
@@ -148,20 +152,47 @@ class Catalogs:
 
 
 class SpecChecker:
-    """The facade's checks of a create spec against the configured backends' catalogs."""
+    """The facade's checks of a create spec against the configured backends' catalogs.
+
+    ``drained``: the backends an operator drained (the store's), left out with those drained
+    in the configuration (read at most every ``drained_interval`` s; unread: none left out)."""
 
     def __init__(
-        self, settings: Callable[[], Settings], client: Callable[[str], Awaitable[RapiClient]]
+        self,
+        settings: Callable[[], Settings],
+        client: Callable[[str], Awaitable[RapiClient]],
+        *,
+        drained: Callable[[], Awaitable[set[str]]] | None = None,
     ) -> None:
         self._settings = settings
         self.catalogs = Catalogs(client)
+        self._drained = drained
+        self.drained_interval = DRAINED_INTERVAL
+        self._drained_read: tuple[float, set[str]] | None = None
+
+    async def drained(self) -> set[str]:
+        """The backends an operator drained, as last read (again once ``drained_interval`` old)."""
+        if self._drained is None:
+            return set()
+        read = self._drained_read
+        if read is not None and time.monotonic() - read[0] < self.drained_interval:
+            return read[1]
+        try:
+            found = await self._drained()
+        except GanetiError as exc:  # the database could not: nothing left out for it
+            log.info("drained backends not read (%s); the checks count every backend", exc)
+            return set() if read is None else read[1]
+        self._drained_read = (time.monotonic(), found)
+        return found
 
     async def check(self, spec: InstanceSpec, *, backend: str | None) -> None:
         """Raise :class:`ValidationError` unless ``spec`` is one ``backend`` (or, without it, some
-        backend not drained in the configuration) would take; nothing is written either way."""
+        backend not drained, in the configuration or by an operator) would take; nothing is
+        written either way."""
         check_name(spec.name)
         check_numbers(spec)
-        eligible = [b.name for b in self._settings().backends if not b.drained]
+        off = await self.drained() if backend is None else set()
+        eligible = [b.name for b in self._settings().backends if not b.drained and b.name not in off]
         names = [backend] if backend is not None else eligible
         try:
             check_spec(spec, await self.catalogs.get(names))

@@ -282,3 +282,27 @@ def test_only_usable_nodes_count() -> None:
     with pytest.raises(ValidationError) as caught:
         check_spec(spec(disk_template="file", disks=[{"size": 4096}, {"size": 8192}]), [catalog])
     assert caught.value.field == "disks" and "(2 disks, 12288 MiB in all)" in str(caught.value)
+
+
+async def test_a_drained_backend_is_not_room_for_a_spec(db_url: str) -> None:
+    """ "Usable" nodes are those of the backends not drained (in the configuration or by an
+    operator): a spec only a drained backend's nodes could hold is refused, the largest the
+    others take named; naming that backend, it is accepted (it waits there for the undrain)."""
+    async with (
+        fakes(1, nodes=1, node_memory=65536, ipolicy={"memory-size": (128, 65536)}) as (big,),
+        fakes(1, nodes=1) as (small,),
+    ):
+        settings = settings_for(db_url, [backend("big", big), backend("small", small)])
+        async with Store(db_url) as store, ControlPlane(settings, store=store) as cp:
+            await cp.validate(spec(memory=40000))  # big takes it
+            await store.add_instance("big", "other.example.org")  # (the backend rows exist)
+            assert await store.set_backend_drained("big", True)
+            cp._checker.drained_interval = 0.0  # (read at each check here)
+            with pytest.raises(ValidationError) as caught:
+                await cp.request_instance(spec("huge.example.org", memory=40000))
+            assert caught.value.field == "beparams.memory"
+            assert "the largest that can fit is 31744 MiB (backend small" in str(caught.value)
+            rid = await cp.request_instance(spec("huge.example.org", memory=40000), backend="big")
+            assert (await cp.get_request(rid)).status is RequestStatus.PENDING
+            assert await store.set_backend_drained("big", False)
+            await cp.validate(spec(memory=40000))
