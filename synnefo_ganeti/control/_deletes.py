@@ -69,13 +69,17 @@ async def delete_always(
             return job_id, False
         await store.defer_delete(instance.id, request_id=instance.request_id)
         return None, True
-    if instance.task is not None and instance.task != "delete":
+    if instance.owned and instance.task is not None and instance.task != "delete":
         await store.defer_delete(instance.id, request_id=instance.request_id)
         return None, True
     try:
         return await delete(store, await client_of(backend), backend, instance.name, owns=owns), False
     except ConflictError:
-        # an action took the instance since it was read: the delete follows its end
+        # an action took the instance since it was read: the delete follows its end (any other
+        # conflict, an instance not ours, is the caller's to see)
+        now = await store.get_instance(None, None, id=instance.id)
+        if now is None or not now.owned or now.task is None or now.task == "delete":
+            raise
         await store.defer_delete(instance.id, request_id=instance.request_id)
         return None, True
 

@@ -36,6 +36,7 @@ from synnefo_ganeti.store import (
     CommitInfo,
     Request,
     RequestNotHeldError,
+    RequestStatus,
     is_backend_error,
     is_capacity_error,
     is_node_error,
@@ -150,6 +151,8 @@ class Submitter(ReservationSweep):
                 await self._work_on(request, fresh=fresh)
                 return
             except RequestNotHeldError as exc:
+                if await self._canceled_meanwhile(request.id):
+                    return
                 log.info("request %s: %s", request.id, exc)
                 return
             except GanetiError as exc:
@@ -161,6 +164,21 @@ class Submitter(ReservationSweep):
                 self._check_since.setdefault(request.id, time.monotonic())
                 fresh = False
                 await self._pause(delay)
+
+    async def _canceled_meanwhile(self, request_id: str) -> bool:
+        """A cancel (a delete of its server) came while this dispatcher worked on the request, before
+        anything was sent (its placement refused): it ends canceled now, not left held forever."""
+        latest = await self.store.get_request(request_id)
+        if (
+            latest is None
+            or not latest.cancel_requested
+            or latest.status is not RequestStatus.PENDING
+            or latest.claimed_by != self.id
+            or latest.placed
+        ):
+            return False
+        await self._cancel(latest)
+        return True
 
     async def _work_on(self, request: Request, *, fresh: bool = False) -> None:
         """``fresh``: ``request`` was just read (claimed): the first round need not read it again."""

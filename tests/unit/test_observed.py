@@ -3,6 +3,7 @@ after a create or modify ends (the dispatcher's observer) and on each reconcile 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -54,13 +55,17 @@ async def holds(store: Store, backend_name: str, name: str, wanted: dict[str, An
     return instance if instance is not None and stored_values(instance) == wanted else None
 
 
-def file_spec(name: str, **kwargs: Any) -> Any:
+def file_spec(name: str, *, mac: str | None = None, **kwargs: Any) -> Any:
+    """A file instance with a NIC of a given MAC: its own for each name (Ganeti, and the fake,
+    refuse a MAC in use: "MAC address ... already in use in cluster")."""
+    if mac is None:
+        mac = "AA:00:00:" + ":".join(f"{b:02X}" for b in hashlib.sha256(name.encode()).digest()[:3])
     return spec(
         name,
         disk_template="file",
         beparams={"memory": 512, "vcpus": 2},
         disks=[{"size": 1024}, {"size": 2048}],
-        nics=[{}, {"mac": "AA:00:00:12:34:56", "ip": "192.0.2.7"}],
+        nics=[{}, {"mac": mac, "ip": "192.0.2.7"}],
         **kwargs,
     )
 
@@ -87,7 +92,7 @@ def test_values_of_a_recorded_ganeti_answer() -> None:
 
 async def test_the_fake_answers_nics_and_disks_as_ganeti_does() -> None:
     async with fakes(1) as (f1,), fake_client(f1) as client:
-        job_id = await client.create_instance(file_spec("fid.example"))
+        job_id = await client.create_instance(file_spec("fid.example", mac="AA:00:00:12:34:56"))
         await client.wait_for_job(job_id, timeout=10)
         answer = await client.get_instance("fid.example")
     macs = answer.nic_macs
