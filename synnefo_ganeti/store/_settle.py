@@ -437,7 +437,11 @@ _BACKEND_ERRORS = (
     "os parameters validation failed",
     "violates policy",
     "is not enabled in cluster",
+    # a network of the spec missing there, not connected, or its pool full (Ganeti's NIC checks)
+    "unable to get a free ip",
+    "no netparams found",
 )
+_NETWORK_MISSING = re.compile(r"network '[^']*' not found")
 
 
 def is_name_taken_error(message: str | None) -> bool:
@@ -464,7 +468,11 @@ def is_backend_error(message: str | None) -> bool:
     """Whether a failed create's message blames its backend, not the spec: no room there
     (:func:`is_capacity_error`), or an OS, instance policy or disk template of that backend."""
     text = (message or "").lower()
-    return is_capacity_error(message) or any(marker in text for marker in _BACKEND_ERRORS)
+    return (
+        is_capacity_error(message)
+        or any(marker in text for marker in _BACKEND_ERRORS)
+        or _NETWORK_MISSING.search(text) is not None
+    )
 
 
 def _outcome(summary: JobSummary) -> tuple[RequestStatus, str | None]:

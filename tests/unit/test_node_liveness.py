@@ -279,3 +279,21 @@ async def test_backends_show_lists_a_node_down_with_since_and_why(tmp_path: Path
         assert table.exit_code == 0, table.output
         assert f"node {N3} is down since" in table.output and "live figures" in table.output
         assert f"node {N1} is" not in table.output
+
+
+@pytest.mark.parametrize(
+    ("message", "again"),
+    [
+        # a network of the spec missing on that backend, not connected there, or its pool full:
+        # Ganeti 3.0's words (the fake's, testing/_ops_networks.py); placed again elsewhere
+        ("OpPrereqError: Network 'solo' not found (unknown_entity)", True),
+        ("OpPrereqError: No netparams found for the network solo, probably not connected", True),
+        ("OpPrereqError: Unable to get a free IP for NIC 0 from the address pool (wrong_state)", True),
+        ("OpPrereqError: Instance 'vm1' is already in the cluster", False),
+        ("OpExecError: Could not do it", False),
+    ],
+)
+def test_a_create_refused_for_a_network_of_its_backend_is_placed_again(message: str, again: bool) -> None:
+    from synnefo_ganeti.store import is_backend_error
+
+    assert is_backend_error(message) is again
