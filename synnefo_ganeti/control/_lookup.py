@@ -17,6 +17,11 @@ __all__ = ["backend_of", "find_instance", "resolve_instance"]
 def backend_of(instance: StoredInstance) -> str:
     """The backend ``instance`` is placed on; a request's instance not placed yet (or ended
     with nothing made) is a :class:`ConflictError`: nothing can act on it but a delete."""
+    if instance.backend is None and instance.status is InstanceStatus.DESTROYED:
+        raise NotFoundError(
+            f"instance {instance.id} ({instance.name}) is DESTROYED: its request {instance.request_id} "
+            "was canceled before anything was made"
+        )
     if instance.backend is None:
         raise ConflictError(
             f"instance {instance.id} ({instance.name}) is {instance.status} and not placed on a backend "

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from synnefo_ganeti import ControlPlane
+import pytest
+
+from synnefo_ganeti import ConflictError, ControlPlane, NotFoundError
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.store import InstanceStatus, RequestStatus, Store
@@ -137,3 +139,18 @@ async def test_a_delete_never_waits_for_the_create_it_follows(db_url: str, tmp_p
             marked = await cp.get_instance(instance.id)
             assert marked is not None and marked.delete_requested_at is not None
             assert marked.status is InstanceStatus.BUILD
+
+
+async def test_actions_on_a_server_not_placed_yet_say_why(db_url: str) -> None:
+    async with fakes(1) as (f1,):
+        settings = settings_for(db_url, [backend("f1", f1)])
+        async with Store(db_url) as store, ControlPlane(settings, store=store) as cp:
+            rid = await cp.request_instance(spec("later.example"))
+            iid = (await cp.get_request(rid)).instance_id
+            assert iid is not None
+            with pytest.raises(ConflictError, match="not placed on a backend"):
+                await cp.startup_instance(iid)
+            assert await cp.delete_instance(iid) is None
+            with pytest.raises(NotFoundError, match="DESTROYED"):
+                await cp.shutdown_instance(iid)
+            assert await cp.delete_instance(iid) is None  # a second delete: nothing left
