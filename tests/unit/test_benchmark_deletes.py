@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow  # runs a benchmark script as a child process
 ROOT = Path(__file__).parents[2]
 
 FIELDS = {
-    "requests", "deleted", "destroyed", "came_back", "kept_started", "refused_busy", "delete_call_p50_ms",
+    "db", "requests", "deleted", "destroyed", "came_back", "kept_started", "refused_busy", "delete_call_p50_ms",
     "delete_call_p99_ms", "delete_call_max_ms", "delete_call_p50_ms_by_stage", "create_s", "ratio",
     "to_destroyed_p50_s", "to_destroyed_p99_s",
 }  # fmt: skip
