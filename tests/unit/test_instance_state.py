@@ -235,7 +235,9 @@ async def test_a_failed_job_moves_neither_the_status_nor_the_state_time(db_url) 
         await store.record_instance_job("b1", NAME, 11, InstanceAction.CREATE, start=True)
         await store.record("b1", job(CREATE_OK))
         before = await store.get_instance("b1", NAME)
-        assert before is not None and before.status is InstanceStatus.STARTED and before.state_time is not None
+        assert (
+            before is not None and before.status is InstanceStatus.STARTED and before.state_time is not None
+        )
         await store.record_instance_job("b1", NAME, 13, InstanceAction.STARTUP)
         await store.record("b1", job(failed(STARTUP_OK), shift=5.0))
         after = await store.get_instance("b1", NAME)
