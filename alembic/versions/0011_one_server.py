@@ -44,8 +44,7 @@ def upgrade() -> None:
         row[0]
         for row in bind.execute(
             sa.text(
-                "SELECT id FROM requests WHERE instance_uuid IS NULL "
-                "AND status IN ('pending', 'submitted')"
+                "SELECT id FROM requests WHERE instance_uuid IS NULL AND status IN ('pending', 'submitted')"
             )
         )
     ]
