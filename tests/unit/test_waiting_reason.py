@@ -58,7 +58,8 @@ async def test_a_request_on_a_drained_backend_says_so_until_it_is_placed(db_url:
             assert found.status is RequestStatus.PENDING and found.backend is None
             assert found.waiting_reason is not None and "f1: drained" in found.waiting_reason
             assert found.to_json()["waiting_reason"] == found.waiting_reason
-            assert gauge("drained") == before + 1
+            # (the gauge follows the write: the reason may be read a moment before it moves)
+            await eventually(lambda: gauge("drained") == before + 1, what="the drained gauge")
             feed = await changes_of(store, rid)
             assert [(c.status, c.waiting_reason) for c in feed] == [
                 ("pending", None),
@@ -97,7 +98,7 @@ async def test_a_request_with_no_room_says_why_and_a_cancel_clears_it(db_url: st
             # "no node has 3000 MiB free" or, before the node stats show the first, "no room for
             # 3000 MiB memory: ... pending"
             assert "f1: no " in found.waiting_reason and "3000 MiB" in found.waiting_reason
-            assert gauge("no_room") == before + 1
+            await eventually(lambda: gauge("no_room") == before + 1, what="the no_room gauge")
             await cp.cancel_request(second)
             ended = await finished(cp, second)
             assert ended.status is RequestStatus.CANCELED and ended.waiting_reason is None
