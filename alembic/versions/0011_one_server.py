@@ -8,6 +8,7 @@ Create Date: 2026-11-28 12:45:00.000000
   None for instances made by ``create_instance`` or adopted; filled from ``requests.instance_uuid``.
 - ``instances.delete_requested_at``: a delete asked while the instance's create or another action
   ran; the delete follows as soon as it ends (``ControlPlane.delete_instance`` never waits).
+- ``ix_instances_delete_requested`` (partial): the rows with a delete waiting.
 - ``ix_requests_instance_uuid``: a request by its instance's id (given at once when the request is
   written: ``Request.instance_id``), which every look of an instance by id may need.
 - ``requests.instance_uuid`` of the requests still open without one gets a new id (each open
@@ -32,6 +33,15 @@ def upgrade() -> None:
     op.add_column("instances", sa.Column("request_id", sa.String(length=36), nullable=True))
     op.add_column("instances", sa.Column("delete_requested_at", sa.DateTime(timezone=True), nullable=True))
     op.create_index("ix_requests_instance_uuid", "requests", ["instance_uuid"])
+    # the few rows with a delete waiting, read by every follower pass (a scan of every instance
+    # several times a second otherwise)
+    op.create_index(
+        "ix_instances_delete_requested",
+        "instances",
+        ["delete_requested_at"],
+        postgresql_where=sa.text("delete_requested_at IS NOT NULL"),
+        sqlite_where=sa.text("delete_requested_at IS NOT NULL"),
+    )
     bind = op.get_bind()
     bind.execute(
         sa.text(
@@ -56,6 +66,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_instances_delete_requested", table_name="instances")
     op.drop_index("ix_requests_instance_uuid", table_name="requests")
     # (no batch copy on SQLite: it would drop the change feed's triggers and partial indexes;
     # SQLite 3.35+ drops a column with no index or constraint in place)

@@ -166,6 +166,7 @@ class DeleteFollower:
                 await follow_deletes(store, self._client_of, owns=self._owns())
             except GanetiError as exc:
                 log.warning("deferred deletes: %s; trying again", exc)
+            await asyncio.sleep(0.2)  # (a busy writer commits all the time: not a pass per commit)
             await store.wait_for_change(FOLLOW_EVERY)
 
     async def close(self) -> None:

@@ -388,7 +388,7 @@ class Dispatcher(Submitter):
                 self.stats.deletes_followed += await follow_deletes(self.store, self.client, owns=owns)
             except GanetiError as exc:
                 log.warning("cannot follow the deferred deletes (%s); trying again", exc)
-            await asyncio.sleep(0.2)  # (a busy writer commits all the time: not a pass per commit)
+            await asyncio.sleep(0.5)  # (a busy writer commits all the time: not a pass per commit)
             await self.store.wait_for_change(FOLLOW_EVERY)
 
     async def _lock_loop(self) -> None:

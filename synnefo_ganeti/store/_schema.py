@@ -138,6 +138,13 @@ class Instance(Base):
             postgresql_where=text("node_state IS NOT NULL"),
             sqlite_where=text("node_state IS NOT NULL"),
         ),
+        # the few rows with a delete waiting (each follower pass reads them: migration 0011)
+        Index(
+            "ix_instances_delete_requested",
+            "delete_requested_at",
+            postgresql_where=text("delete_requested_at IS NOT NULL"),
+            sqlite_where=text("delete_requested_at IS NOT NULL"),
+        ),
         UniqueConstraint("uuid"),
     )
 
