@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, func, select, update
 
 from synnefo_ganeti.store._backends import backends_t
 from synnefo_ganeti.store._instances import InstanceStatus, instances_t
@@ -96,10 +96,10 @@ def clear_delete(conn: Connection, instance_id: str) -> None:
 
 def pending_deletes(conn: Connection) -> int:
     """How many deferred deletes wait (what runs on their instances has not ended yet, or due)."""
-    rows = conn.execute(
-        select(instances_t.c.id).where(
+    counted = conn.execute(
+        select(func.count()).where(
             instances_t.c.delete_requested_at.is_not(None),
             instances_t.c.status != InstanceStatus.DESTROYED.value,
         )
-    ).all()
-    return len(rows)
+    ).scalar_one()
+    return int(counted)
