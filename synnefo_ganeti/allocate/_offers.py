@@ -161,6 +161,8 @@ class BackendCatalog:
     groups: tuple[GroupOffer, ...]
     networks: tuple[NetworkOffer, ...]
     nodes: tuple[NodeStats, ...]
+    #: the cluster's Ganeti (``/2/info`` ``software_version``: "3.0.2", "3.1.0~rc2"), None if not told
+    ganeti_version: str | None = None
 
     @property
     def memory_free(self) -> int:
@@ -206,6 +208,7 @@ class BackendCatalog:
         return cls(
             backend=backend,
             cluster=info.name,
+            ganeti_version=info.software_version,
             read_at=read_at,
             oses=None if oses is None else os_offers(oses),
             disk_templates=tuple(t for t in enabled if allowed is None or t in allowed),

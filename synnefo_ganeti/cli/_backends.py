@@ -205,7 +205,10 @@ def backends_show(name: str, config_file: Path, as_json: bool) -> None:
     row = run(_show(settings, name))
     catalog: BackendCatalog | None = row["catalog"]
     if as_json:
-        print_json({**row, "catalog": None if catalog is None else catalog.to_json()})
+        version = None if catalog is None else catalog.ganeti_version
+        print_json(
+            {**row, "ganeti_version": version, "catalog": None if catalog is None else catalog.to_json()}
+        )
     else:
         _print_show(row, catalog)
     if catalog is None:
@@ -224,8 +227,9 @@ def _print_show(row: dict[str, Any], catalog: BackendCatalog | None) -> None:
     if catalog is None:
         out.print(f"not reachable: {row['error']}")
         return
+    ganeti = f"Ganeti {catalog.ganeti_version}" if catalog.ganeti_version else "Ganeti version not told"
     out.print(
-        f"cluster {catalog.cluster}, read {catalog.read_at:%Y-%m-%d %H:%M:%S}: "
+        f"cluster {catalog.cluster} ({ganeti}), read {catalog.read_at:%Y-%m-%d %H:%M:%S}: "
         f"{catalog.memory_free} MiB memory and {catalog.disk_free} MiB disk free on usable nodes"
     )
     nodes = Table("node", "group", "state", "mem free/total MiB", "disk free/total MiB", "cpus", "instances")

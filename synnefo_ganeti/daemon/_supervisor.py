@@ -131,6 +131,11 @@ class Supervisor:
                 waiter.cancel()
             await asyncio.gather(*waiters, return_exceptions=True)
 
+    def begin_stopping(self) -> None:
+        """From now on a root task that ends is expected: the daemon is stopping (its loops may
+        return on their own once it told them, before :meth:`stop` cancels what is left)."""
+        self._stopping = True
+
     async def stop(self, timeout: float) -> None:
         """Cancel the root tasks left, the last started first, awaiting each; all within ``timeout``.
 

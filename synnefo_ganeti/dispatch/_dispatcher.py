@@ -214,6 +214,7 @@ class Dispatcher(Submitter):
         timeout = self.settings.dispatcher.shutdown_timeout
         deadline = loop.time() + timeout
         self.notifier.stopping()
+        self.supervisor.begin_stopping()  # the loops told to stop below may return: expected now
         self._claiming = False
         self._stop.set()  # pauses end at once (also when a root task failed)
         self._wake.set()

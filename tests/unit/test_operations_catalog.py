@@ -101,6 +101,7 @@ async def test_backends_show(tmp_path: Path, sqlite_url: str) -> None:
         row = json.loads(shown.output)
         assert (row["name"], row["drained"], row["reachable"], row["health"]) == ("f1", True, True, "up")
         catalog = row["catalog"]
+        assert row["ganeti_version"] == catalog["ganeti_version"] == "3.0.2"  # the fake's default, 3.0's
         assert [n["name"] for n in catalog["nodes"]] == [f"node{i}.fake.test" for i in (1, 2, 3)]
         assert {"name": "debootstrap", "variants": ["default", "minimal"]} in catalog["oses"]
         assert catalog["networks"][0]["groups"][0] == {
@@ -111,7 +112,7 @@ async def test_backends_show(tmp_path: Path, sqlite_url: str) -> None:
         }
         table = await asyncio.to_thread(run, "backends", "show", "f1", "--config", str(config))
         assert table.exit_code == 0, table.output
-        for text in ("node1.fake.test", "debootstrap (default, minimal)", "net1", "10.1.0.0/24", "drained yes",
+        for text in ("node1.fake.test", "debootstrap (default, minimal)", "net1", "10.1.0.0/24", "drained yes", "(Ganeti 3.0.2)",
                      "memory-size", "default"):  # fmt: skip
             assert text in table.output, text
         unknown = await asyncio.to_thread(run, "backends", "show", "nope", "--config", str(config))

@@ -71,6 +71,41 @@ async def test_a_root_task_that_returns_or_is_cancelled_is_a_failure(how: str) -
     assert supervisor.failed_task == ("short" if how == "returns" else "victim")
 
 
+async def test_a_loop_that_returns_once_told_to_stop_is_no_failure(caplog: pytest.LogCaptureFixture) -> None:
+    """A daemon tells its loops to stop (a flag) before stop() cancels them: a loop that returns
+    then is expected (the dispatcher's submitter did, and the stop was logged as a failure)."""
+    supervisor = Supervisor("test")
+    told = asyncio.Event()
+
+    async def loop_until_told() -> None:
+        await told.wait()
+
+    task = supervisor.start("loop", loop_until_told())
+    supervisor.begin_stopping()
+    with caplog.at_level(logging.ERROR, logger="synnefo_ganeti.daemon"):
+        told.set()
+        await asyncio.wait_for(task, 10)
+        await supervisor.stop(timeout=5)
+    assert supervisor.healthy and supervisor.failed is None and supervisor.stopping
+    assert not [r for r in caplog.records if "loop" in r.getMessage()]
+
+
+async def test_a_loop_that_raises_while_stopping_is_still_a_failure() -> None:
+    supervisor = Supervisor("test")
+    told = asyncio.Event()
+
+    async def crashes_when_told() -> None:
+        await told.wait()
+        raise RuntimeError("crashed while stopping")
+
+    task = supervisor.start("late", crashes_when_told())
+    supervisor.begin_stopping()
+    told.set()
+    await asyncio.wait({task}, timeout=10)
+    assert not supervisor.healthy and supervisor.failed_task == "late"
+    assert isinstance(supervisor.failed, RuntimeError)
+
+
 async def test_wait_returns_when_stop_is_set_and_stop_goes_in_reverse_order() -> None:
     supervisor = Supervisor("test")
     order: list[str] = []
