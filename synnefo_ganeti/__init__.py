@@ -33,6 +33,7 @@ from synnefo_ganeti.errors import (
     TLSError,
     TransportError,
     UnavailableError,
+    UnsupportedError,
     ValidationError,
 )
 from synnefo_ganeti.jobs import FINAL_STATUSES, JobStatus, calc_job_status
@@ -40,6 +41,7 @@ from synnefo_ganeti.rapi import (
     CancelResult,
     ClusterInfo,
     CreateProgress,
+    GanetiVersion,
     Instance,
     InstanceConsole,
     InstanceSpec,
@@ -76,6 +78,7 @@ __all__ = [
     "CreateOutcomeUnknownError",
     "CreateProgress",
     "GanetiError",
+    "GanetiVersion",
     "Instance",
     "InstanceConsole",
     "InstanceSpec",
@@ -112,6 +115,7 @@ __all__ = [
     "Timestamp",
     "TransportError",
     "UnavailableError",
+    "UnsupportedError",
     "ValidationError",
     "__version__",
     "calc_job_status",

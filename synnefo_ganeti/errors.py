@@ -10,7 +10,8 @@ can catch everything with one ``except`` clause, or pick the branch it can act o
     ├── InvalidError                the caller's input was refused; nothing done (also ``ValueError``; 400)
     │   ├── ConfigError             bad settings: the message names the file and key
     │   ├── ValidationError         a create spec no backend would take; ``.field`` names the spec field
-    │   └── JobFileError            a job file that cannot be used (not UTF-8/JSON, too large, ...)
+    │   ├── JobFileError            a job file that cannot be used (not UTF-8/JSON, too large, ...)
+    │   └── UnsupportedError        the backend's Ganeti version lacks the call; ``.version``, ``.needed``
     ├── RapiError                   ganeti-rapi answered with an HTTP error status
     │   ├── AuthenticationError     401/403: wrong credentials or no write access
     │   ├── RapiNotFoundError       404 (also a :class:`NotFoundError`)
@@ -68,6 +69,7 @@ __all__ = [
     "TLSError",
     "TransportError",
     "UnavailableError",
+    "UnsupportedError",
     "ValidationError",
 ]
 
@@ -117,6 +119,19 @@ class ValidationError(InvalidError):
 
 class JobFileError(InvalidError):
     """A job file that cannot be used: not UTF-8, not JSON, too large, or not shaped like a job."""
+
+
+class UnsupportedError(InvalidError):
+    """The backend's Ganeti version does not have what the call needs; nothing was sent.
+
+    ``version`` is the backend's version (``"3.0.2"``), ``needed`` the first version that has it
+    (``"3.1"``).
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, version: str, needed: str) -> None:
+        super().__init__(message, url=url)
+        self.version = version
+        self.needed = needed
 
 
 class RapiError(GanetiError):

@@ -36,6 +36,7 @@ from synnefo_ganeti.rapi._models import (
 )
 from synnefo_ganeti.rapi._retry import RetryPolicy, is_transient, is_unsent
 from synnefo_ganeti.rapi._tls import parse_fingerprint
+from synnefo_ganeti.rapi._versions import GanetiVersion
 
 __all__ = [
     "REASON_PREFIX",
@@ -43,6 +44,7 @@ __all__ = [
     "ClusterInfo",
     "CreateProgress",
     "FilterRule",
+    "GanetiVersion",
     "Group",
     "Instance",
     "InstanceConsole",

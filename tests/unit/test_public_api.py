@@ -14,12 +14,12 @@ def test_top_level_exports_are_pinned() -> None:
         [
             "FINAL_STATUSES", "AuthenticationError", "BackendCatalog", "BadRequestError", "CancelResult", "Change", "ClusterInfo",
             "ConfigError", "ConflictError", "ControlPlane", "CreateOutcomeUnknownError", "CreateProgress",
-            "GanetiError", "Instance", "InstanceConsole", "InstanceSpec", "InstanceStatus", "InvalidError", "Job", "JobFailedError",
+            "GanetiError", "GanetiVersion", "Instance", "InstanceConsole", "InstanceSpec", "InstanceStatus", "InvalidError", "Job", "JobFailedError",
             "JobFailure", "JobFileError", "JobNotFoundError", "JobStatus", "LogEntry", "NoCapacityError", "Node",
             "NotFoundError", "OutcomeUnknownError", "RapiClient", "RapiConnectionError", "RapiError", "RapiNotFoundError",
             "RapiTimeoutError", "RebootType", "Request", "RequestNotHeldError", "RequestStatus",
             "RequestTimeoutError", "RetryPolicy", "Settings", "StoreError", "StoredInstance", "StoredNetwork", "NetworkState", "TLSError",
-            "Timestamp", "TransportError", "UnavailableError", "ValidationError", "__version__", "calc_job_status",
+            "Timestamp", "TransportError", "UnavailableError", "UnsupportedError", "ValidationError", "__version__", "calc_job_status",
         ]
     )  # fmt: skip
     for name in synnefo_ganeti.__all__:
@@ -27,13 +27,13 @@ def test_top_level_exports_are_pinned() -> None:
 
 
 def test_rapi_names_are_reexported_from_the_package() -> None:
-    for name in ("RapiClient", "InstanceSpec", "Instance", "Node", "Job", "JobStatus"):
+    for name in ("RapiClient", "InstanceSpec", "Instance", "Node", "Job", "JobStatus", "GanetiVersion"):
         assert getattr(synnefo_ganeti, name) is getattr(synnefo_ganeti.rapi, name)
 
 
 def test_every_error_derives_from_ganeti_error() -> None:
     errors = [getattr(synnefo_ganeti, n) for n in synnefo_ganeti.__all__ if n.endswith("Error")]
-    assert len(errors) == 24
+    assert len(errors) == 25
     for cls in errors:
         assert issubclass(cls, synnefo_ganeti.GanetiError), cls
         assert getattr(synnefo_ganeti.errors, cls.__name__) is cls
@@ -51,7 +51,7 @@ def test_errors_a_caller_acts_on_are_types() -> None:
     assert issubclass(e.JobNotFoundError, e.NotFoundError)
     assert issubclass(e.RequestNotHeldError, e.ConflictError)
     assert issubclass(e.CreateOutcomeUnknownError, e.OutcomeUnknownError)
-    for invalid in (e.ConfigError, e.JobFileError, e.BadRequestError, e.ValidationError):
+    for invalid in (e.ConfigError, e.JobFileError, e.BadRequestError, e.ValidationError, e.UnsupportedError):
         assert issubclass(invalid, e.InvalidError) and issubclass(invalid, ValueError)
     kinds = (e.NotFoundError, e.ConflictError, e.InvalidError, e.StoreError)
     for i, kind in enumerate(kinds):
