@@ -26,6 +26,11 @@ method                   Ganeti job                                  the stored 
 ``remove_instance_tags`` ``OP_TAGS_DEL``                             ``tags`` (ours only)
 =======================  ==========================================  ==================================
 
+NICs and disks are added and removed with ``hotplug_if_possible=True``: hot-plugged where the
+hypervisor can, else seen by the guest at its next start. The RAPI client sends it as the backend's
+Ganeti version takes it (``hotplug: true`` on 3.1, which refuses ``hotplug_if_possible``), so these
+operations hold no version logic of their own.
+
 Checks made before anything is written or sent raise :class:`ValidationError` (naming the
 argument); a rename to a name another instance or open request holds, under ``[ownership]
 unique_names``, is a :class:`ConflictError` in the reservation's transaction. While the

@@ -11,25 +11,25 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from synnefo_ganeti.errors import RapiError, RapiNotFoundError
-from synnefo_ganeti.rapi._base import RapiBase, query_args
+from synnefo_ganeti.rapi._api_versions import VersionApi
+from synnefo_ganeti.rapi._base import query_args
 from synnefo_ganeti.rapi._models import ClusterInfo, FilterRule
 
 __all__ = ["ClusterApi"]
 
 
-class ClusterApi(RapiBase):
+class ClusterApi(VersionApi):
     """The cluster's own resources: ``/version``, ``/2/info``, ``/2/features``, ``/2/os``,
     ``/2/modify``, ``/2/redistribute-config``, ``/2/tags``, ``/2/filters``."""
-
-    _features: list[str] | None
 
     async def version(self) -> int:
         """The RAPI version (``GET /version``; 2 for every Ganeti since 2.0)."""
         return int(await self._get("/version"))
 
     async def info(self) -> ClusterInfo:
-        """Cluster information (``GET /2/info``)."""
-        return self._parse(ClusterInfo, await self._get("/2/info"), "GET /2/info")
+        """Cluster information (``GET /2/info``); each read also refreshes the Ganeti version and
+        master the client knows (``known_version``), noticing an upgrade or a failover."""
+        return await self._read_info()
 
     async def features(self) -> list[str]:
         """The RAPI features (``GET /2/features``), asked once per client; a server too old to

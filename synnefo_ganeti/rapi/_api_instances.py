@@ -2,6 +2,8 @@
 
 Each method follows Ganeti 3.0's own client (``GanetiRapiClient``, ``lib/rapi/client.py``) for the
 HTTP method, path, query and body; ``lib/rapi/rlib2.py`` (``R_2_instances*``) for their meaning.
+``modify_instance`` sends the hotplug keys the backend's Ganeti version takes (``_versions.py``);
+``rename_instance`` always sends ``name_check`` and ``ip_check``, whose defaults 3.1 changed.
 Listing, reading and creating instances live in the core (``_client.py``); disks, migration and
 export in ``_api_instance_ops.py``.
 """
@@ -12,15 +14,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from synnefo_ganeti.errors import ConfigError, GanetiError, UnavailableError
-from synnefo_ganeti.rapi._base import RapiBase, query_args, some_body
+from synnefo_ganeti.rapi._api_versions import VersionApi
+from synnefo_ganeti.rapi._base import query_args, some_body
 from synnefo_ganeti.rapi._calls import RebootType
 from synnefo_ganeti.rapi._models import InstanceConsole, InstanceSpec
 from synnefo_ganeti.rapi._retry import is_transient, is_unsent
+from synnefo_ganeti.rapi._versions import hotplug_fields
 
 __all__ = ["InstanceApi"]
 
 
-class InstanceApi(RapiBase):
+class InstanceApi(VersionApi):
     """Everything under ``/2/instances/NAME`` but disks, moves and exports; ``/2/instances-multi-alloc``."""
 
     async def delete_instance(
@@ -81,30 +85,60 @@ class InstanceApi(RapiBase):
         )
         return await self._write_job("POST", self._instance_path(name, "reboot"), params, query)
 
-    async def modify_instance(self, name: str, *, reason: str | None = None, **params: Any) -> int:
+    async def modify_instance(
+        self,
+        name: str,
+        *,
+        hotplug: bool = False,
+        hotplug_if_possible: bool = False,
+        reason: str | None = None,
+        **params: Any,
+    ) -> int:
         """Change an instance's parameters (``PUT /2/instances/NAME/modify``); returns the job id.
 
         ``params`` are Ganeti's (``beparams={"memory": 256}``, ``hvparams=...``, ``nics=...``).
+        ``hotplug_if_possible``: hot-plug the NICs and disks added or removed where the hypervisor
+        can, else change them for the next start; ``hotplug``: hot-plug or fail (Ganeti before 3.1;
+        3.1 falls back as ``hotplug_if_possible`` does). Sent as the backend's version takes them
+        (``hotplug: true`` on 3.1; ``hotplug_if_possible: true, hotplug: false`` on 2.10 to 3.0),
+        ``hotplug`` always explicit: false unless asked, on every version.
         """
         if not params:
             raise ConfigError(f"modify_instance({name!r}) needs at least one parameter to change")
-        return await self._write_job(
-            "PUT", self._instance_path(name, "modify"), params, query_args(reason=reason)
-        )
+        path = self._instance_path(name, "modify")
+        query = query_args(reason=reason)
+
+        async def send() -> Any:
+            # the version is asked at each attempt: a retry after a lost connection reads it again
+            version = await self.ganeti_version()
+            fields = hotplug_fields(
+                version,
+                hotplug=hotplug,
+                hotplug_if_possible=hotplug_if_possible,
+                where=self.where,
+                url=self.url,
+            )
+            return await self._transport.request("PUT", path, query=query, body={**params, **fields})
+
+        return self._job_id(await self._retrying(send, is_unsent), f"PUT {path}")
 
     async def rename_instance(
         self,
         name: str,
         new_name: str,
         *,
-        ip_check: bool | None = None,
-        name_check: bool | None = None,
+        ip_check: bool = False,
+        name_check: bool = False,
         reason: str | None = None,
     ) -> int:
-        """Rename an instance (``PUT /2/instances/NAME/rename``); returns the job id."""
+        """Rename an instance (``PUT /2/instances/NAME/rename``); returns the job id.
+
+        ``name_check`` (the new name must resolve) and ``ip_check`` (its address must not answer)
+        are always sent, false unless asked: Ganeti 3.1 defaults them to false, earlier ones to true.
+        """
         if not new_name:
             raise ConfigError(f"rename_instance({name!r}): the new name is empty")
-        body = {"new_name": new_name, **some_body(ip_check=ip_check, name_check=name_check)}
+        body = {"new_name": new_name, "ip_check": bool(ip_check), "name_check": bool(name_check)}
         return await self._write_job(
             "PUT", self._instance_path(name, "rename"), body, query_args(reason=reason)
         )

@@ -1,8 +1,10 @@
-"""Network RAPI calls: list, info, create, connect, disconnect, modify, delete, tags.
+"""Network RAPI calls: list, info, create, connect, disconnect, modify, rename, delete, tags.
 
 Each method follows Ganeti 3.0's own client (``GanetiRapiClient``, ``lib/rapi/client.py``) for the
 HTTP method, path, query and body; ``lib/rapi/rlib2.py`` (``R_2_networks*``) for their meaning.
 Where Ganeti's client takes comma-joined strings (``add_reserved_ips``, ``tags``), these take lists.
+``rename_network`` is Ganeti 3.1's (``RenameNetwork``, ``R_2_networks_name_rename``): on an earlier
+backend it raises :class:`UnsupportedError` before sending anything.
 """
 
 from __future__ import annotations
@@ -11,14 +13,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from synnefo_ganeti.errors import ConfigError
-from synnefo_ganeti.rapi._base import RapiBase, choice, query_args
+from synnefo_ganeti.rapi._api_versions import VersionApi
+from synnefo_ganeti.rapi._base import choice, query_args
 from synnefo_ganeti.rapi._calls import NETWORK_MODES
 from synnefo_ganeti.rapi._models import Network
+from synnefo_ganeti.rapi._versions import require_network_rename
 
 __all__ = ["NetworkApi"]
 
 
-class NetworkApi(RapiBase):
+class NetworkApi(VersionApi):
     """``/2/networks`` and everything under ``/2/networks/NAME``."""
 
     async def list_networks(self) -> list[Network]:
@@ -102,6 +106,18 @@ class NetworkApi(RapiBase):
             raise ConfigError(f"modify_network({name!r}) needs at least one parameter to change")
         path = self._path("networks", name, "modify")
         return await self._write_job("PUT", path, params, query_args(reason=reason))
+
+    async def rename_network(self, name: str, new_name: str, *, reason: str | None = None) -> int:
+        """Rename a network (``PUT /2/networks/NAME/rename``, Ganeti 3.1 and later); returns the job id.
+
+        On an earlier Ganeti (404 there) it raises :class:`UnsupportedError`, naming the backend's
+        version, before anything is sent.
+        """
+        if not new_name:
+            raise ConfigError(f"rename_network({name!r}): the new name is empty")
+        path = self._path("networks", name, "rename")
+        require_network_rename(await self.ganeti_version(), where=self.where, url=self.url)
+        return await self._write_job("PUT", path, {"new_name": new_name}, query_args(reason=reason))
 
     async def delete_network(self, name: str, *, dry_run: bool = False, reason: str | None = None) -> int:
         """Remove a network (``DELETE /2/networks/NAME``); returns the job id."""

@@ -8,7 +8,9 @@ slots, error mapping) -> retry rules (:mod:`._retry`) -> typed calls here.
 module is its core: construction, listing and creating instances, jobs. The other
 resources are mixins, one module per group (``_api_cluster``, ``_api_instances``,
 ``_api_instance_ops``, ``_api_nodes``, ``_api_groups``, ``_api_networks``, ``_api_query``),
-all calling through the plumbing of :class:`~._base.RapiBase`.
+all calling through the plumbing of :class:`~._base.RapiBase`; ``_api_versions`` keeps the
+backend's Ganeti version (``ganeti_version()``), so that each call sends what that version takes
+(``_versions.py``: hotplug keys of a modify, Ganeti 3.1's network rename).
 
 Concurrency: every call may be made from many tasks at once; the transport keeps
 at most ``max_connections`` requests in flight and long-polls to their share.
@@ -66,6 +68,7 @@ from synnefo_ganeti.rapi._models import CancelResult, Instance, InstanceSpec, Jo
 from synnefo_ganeti.rapi._retry import RetryPolicy, is_transient, is_unsent
 from synnefo_ganeti.rapi._tls import build_tls
 from synnefo_ganeti.rapi._transport import LONG_POLL_GRACE, Transport
+from synnefo_ganeti.rapi._versions import VersionCache
 
 __all__ = ["CreateProgress", "RapiClient", "RebootType", "new_request_id"]
 
@@ -146,11 +149,14 @@ class RapiClient(ClusterApi, InstanceApi, InstanceOpsApi, NodeApi, GroupApi, Net
         #: how error messages name this backend: ``name (url)``, or the URL alone when unnamed
         self.where = self._transport.where
         self._features: list[str] | None = None
+        self._versions = VersionCache()
 
     def __repr__(self) -> str:
         t = self._transport
+        known = self.known_version
+        ganeti = f"ganeti={known} " if known is not None else ""
         return (
-            f"<RapiClient {self.url} user={self.username!r} tls={t.tls_mode} "
+            f"<RapiClient {self.url} user={self.username!r} tls={t.tls_mode} {ganeti}"
             f"{t.in_flight}/{t.max_connections} in flight, {t.waiting} waiting, "
             f"{t.long_polls}/{t.long_poll_slots} long-polls>"
         )

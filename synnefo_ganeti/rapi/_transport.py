@@ -26,6 +26,9 @@ Design, and why:
   ``name``, HTTP method and outcome) and timed on the wire, from holding a slot to the
   whole answer read (``synnefo_ganeti_rapi_request_duration_seconds``; long-polls
   are left out: they last as long as Ganeti makes them wait).
+* ``connection_losses`` counts the connection-level failures (refused, reset, no connection
+  in time, TLS; not an answer that was only slow) and the sessions opened: what the client knows
+  of the server (its Ganeti version) is read again after one (``_api_versions.py``).
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ class Transport:
         self.waiting = 0
         self.long_polls = 0
         self.requests_sent = 0
+        #: connection-level failures and sessions opened so far: the server may have changed since
+        self.connection_losses = 0
         self._counted: dict[tuple[str, str], Counter] = {}  # (method, outcome) -> labelled child
         self._timed: dict[str, Histogram] = {}  # method -> labelled child
 
@@ -127,6 +132,7 @@ class Transport:
     async def open(self) -> None:
         if self._session is not None:
             return
+        self.connection_losses += 1  # a new session: whatever was known of the server is read again
         connector = aiohttp.TCPConnector(
             limit=self.max_connections,
             ssl=self._tls,
@@ -234,6 +240,8 @@ class Transport:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             error = self._transport_error(exc, method, path, limit)
             outcome = _outcome(error)
+            if not (isinstance(error, RapiTimeoutError) and error.maybe_sent):
+                self.connection_losses += 1  # not merely slow: the server may be another one now
             raise error from None
         else:
             outcome = "ok" if status < 400 else f"http_{status}"

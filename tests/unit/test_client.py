@@ -280,6 +280,7 @@ async def test_calls_and_paths() -> None:
         stub.route("PUT", "/2/instances/vm 1/shutdown", 13)
         stub.route("POST", "/2/instances/vm 1/reboot", 14)
         stub.route("PUT", "/2/instances/vm 1/modify", 15)
+        stub.route("GET", "/2/info", rapi_fixture("info.json"))  # the modify asks the version first
         stub.route("DELETE", "/2/jobs/22", [True, "Dequeued job 22"])
         async with client(stub.url) as rapi:
             assert "instance-create-reqv1" in await rapi.features()
@@ -300,5 +301,5 @@ async def test_calls_and_paths() -> None:
     reboot = next(s for s in stub.seen if s.path.endswith("/reboot"))
     assert reboot.query == {"type": "hard"}
     modify = next(s for s in stub.seen if s.path.endswith("/modify"))
-    assert orjson.loads(modify.body) == {"beparams": {"memory": 256}}
+    assert orjson.loads(modify.body) == {"beparams": {"memory": 256}, "hotplug": False}  # always explicit
     assert all(s.path != "/2/features" or s.method == "GET" for s in stub.seen)

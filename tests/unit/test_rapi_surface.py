@@ -29,7 +29,7 @@ from synnefo_ganeti.rapi import (
     QueryField,
     QueryResult,
 )
-from tests.helpers import StubRapi, json_response, rapi_fixture, spec, stub_client
+from tests.helpers import FIXTURES, StubRapi, json_response, rapi_fixture, spec, stub_client
 
 JOB = 4242
 NOBODY = object()  # the request carried no body at all
@@ -76,6 +76,7 @@ class Case:
     body: Any = field(default_factory=dict)  # EMPTY
     answer: Any = JOB
     returns: Any = JOB  # the value, or a predicate on it
+    info: Any = None  # what GET /2/info answers, if the call asks the backend's version (None: 3.0.2's)
 
     def check(self, result: Any) -> bool:
         return bool(self.returns(result)) if callable(self.returns) else result == self.returns
@@ -102,6 +103,7 @@ def tag_cases(kind: str, path: str, get: str, add: str, delete: str, *name: str)
 
 
 INST = "/2/instances/vm1.ganeti.test"
+INFO_31 = orjson.loads((FIXTURES / "ganeti-3.1-rapi" / "GET_info.json").read_bytes())["body"]  # 3.1.0~rc2's
 NODE = "/2/nodes/node1.ganeti.test"
 CASES: list[Case] = [
     # -- cluster
@@ -135,8 +137,9 @@ CASES: list[Case] = [
          "POST", "/2/instances", [("dry-run", "1"), ("reason", "synnefo-ganeti:r1")], NOBODY, JOB, JOB),
     Case("DeleteInstance", lambda c: c.delete_instance("vm1.ganeti.test", dry_run=True, reason="why"),
          "DELETE", INST, DRY_R, NOBODY),
+    # ours sends "hotplug" always (false unless asked): its default is true from Ganeti 3.1 on
     Case("ModifyInstance", lambda c: c.modify_instance("vm1.ganeti.test", reason="why", beparams={"memory": 512}),
-         "PUT", f"{INST}/modify", R, {"beparams": {"memory": 512}}),
+         "PUT", f"{INST}/modify", R, {"beparams": {"memory": 512}, "hotplug": False}),
     Case("ActivateInstanceDisks", lambda c: c.activate_instance_disks("vm1.ganeti.test", ignore_size=True,
          reason="why"), "PUT", f"{INST}/activate-disks", [("ignore_size", "1"), *R]),
     Case("DeactivateInstanceDisks", lambda c: c.deactivate_instance_disks("vm1.ganeti.test", force=True,
@@ -234,6 +237,8 @@ CASES: list[Case] = [
          "PUT", "/2/networks/net1/disconnect", DRY_R, {"group_name": "default"}),
     Case("ModifyNetwork", lambda c: c.modify_network("net1", gateway="10.0.0.254"), "PUT",
          "/2/networks/net1/modify", [], {"gateway": "10.0.0.254"}),
+    Case("RenameNetwork", lambda c: c.rename_network("net1", "net2", reason="why"), "PUT",
+         "/2/networks/net1/rename", R, {"new_name": "net2"}, info=INFO_31),  # Ganeti 3.1's
     Case("DeleteNetwork", lambda c: c.delete_network("net1", dry_run=True, reason="why"), "DELETE",
          "/2/networks/net1", DRY_R),
     *tag_cases("Network", "/2/networks/net1/tags", "get_network_tags", "add_network_tags", "delete_network_tags",
@@ -275,6 +280,7 @@ async def _send(case: Case) -> tuple[list[tuple[str, str]], bytes, Any]:
         return json_response(case.answer)
 
     async with StubRapi() as stub:
+        stub.route("GET", "/2/info", rapi_fixture("info.json") if case.info is None else case.info)
         stub.route(case.method, case.path, handler)
         async with stub_client(stub.url) as rapi:
             result = await case.call(rapi)
