@@ -68,6 +68,8 @@ class Capacity:
         self.interval = interval
         self.totals: dict[str, NodeTotals] = {}
         self.errors: dict[str, str] = {}
+        #: each backend's Ganeti ("3.0.2", "3.1.0~rc2"), as its RAPI client last read it
+        self.versions: dict[str, str] = {}
         self._wake = asyncio.Event()
         self.on_refresh: list[Callable[[], None]] = []
 
@@ -82,11 +84,13 @@ class Capacity:
             try:
                 client = await self._cp().client(name)
                 async with asyncio.timeout(10):
-                    nodes = await client.list_nodes()
+                    # (the version is read once per client: again after a reconnect)
+                    nodes, version = await asyncio.gather(client.list_nodes(), client.ganeti_version())
             except (GanetiError, OSError, TimeoutError) as exc:
                 self.errors[name] = str(exc) or type(exc).__name__
                 return
             online = [n for n in nodes if not n.offline]
+            self.versions[name] = version.text
             self.totals[name] = NodeTotals(
                 nodes=len(nodes),
                 online=len(online),
@@ -139,6 +143,7 @@ class BackendFigures:
     nodes_error: str | None
     requests: dict[str, int]
     jobs_running: int
+    ganeti_version: str | None = None
 
 
 async def overview(cp: ControlPlane, capacity: Capacity) -> list[BackendFigures]:
@@ -167,6 +172,7 @@ async def overview(cp: ControlPlane, capacity: Capacity) -> list[BackendFigures]
                 nodes_error=capacity.errors.get(backend.name),
                 requests=requests,
                 jobs_running=running.get(backend.name, 0),
+                ganeti_version=capacity.versions.get(backend.name),
             )
         )
     return figures

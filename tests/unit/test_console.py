@@ -189,7 +189,7 @@ async def test_every_page_renders_with_real_data_and_no_secret(world: World) -> 
     assert request.instance_id is not None and request.job_id is not None
     await eventually(lambda: "alpha" in world.console.capacity.totals, what="node stats")
     pages = {
-        "/": ["alpha", "up", "memory", "disk", "succeeded"],
+        "/": ["alpha", "up", "memory", "disk", "succeeded", "Ganeti 3.0.2"],
         "/requests": ["vm1.example", "succeeded"],
         "/requests?status=succeeded&backend=alpha&age=1h": ["vm1.example"],
         f"/requests/{request_id}": ["vm1.example", "placement attempts", '"memory": 256'],
