@@ -15,11 +15,14 @@ from synnefo_ganeti.testing._proxy import PROXY_MODES, ChaosProxy
 from synnefo_ganeti.testing._server import FAULT_KINDS, Fault
 from synnefo_ganeti.testing._slow import SlowSubmit
 from synnefo_ganeti.testing._structure import shape_of, structure_diff
+from synnefo_ganeti.testing._versions import DEFAULT_VERSION, VERSIONS, VersionProfile
 
 __all__ = [
     "DEFAULT_OP_TIMES",
+    "DEFAULT_VERSION",
     "FAULT_KINDS",
     "PROXY_MODES",
+    "VERSIONS",
     "ChaosProxy",
     "FakeCluster",
     "FakeGaneti",
@@ -28,6 +31,7 @@ __all__ = [
     "FakeNode",
     "Fault",
     "SlowSubmit",
+    "VersionProfile",
     "shape_of",
     "structure_diff",
 ]

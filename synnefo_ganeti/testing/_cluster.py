@@ -110,6 +110,7 @@ class FakeInstance:
     admin_state: str = "up"
     oper_state: bool = True
     hvparams: dict[str, Any] = field(default_factory=dict)
+    osparams: dict[str, Any] = field(default_factory=dict)  # its own (3.1's custom_osparams)
     uuid: str = field(default_factory=lambda: str(uuid.uuid4()))
     ctime: float = field(default_factory=time.time)
     mtime: float = field(default_factory=time.time)

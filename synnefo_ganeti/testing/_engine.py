@@ -64,9 +64,7 @@ __all__ = ["DEFAULT_OP_TIMES", "FakeCluster", "FakeJob", "FakeOp"]
 _BEPARAMS_DEFAULTS = _ops_create.BEPARAMS_DEFAULTS  # the name benchmarks/reconcile.py imports
 _HANDLER_MODULES = (_ops_cluster, _ops_create, _ops_instances, _ops_disks, _ops_groups, _ops_moves, _ops_networks,
                     _ops_nodes, _ops_tags)  # fmt: skip
-TEMP_NORES = (
-    "temp_insufficient_resources"  # errors.ECODE_TEMP_NORES  # imported for their @opcode registrations
-)
+TEMP_NORES = "temp_insufficient_resources"  # errors.ECODE_TEMP_NORES
 
 DEFAULT_OP_TIMES: dict[str, float] = {
     "OP_INSTANCE_CREATE": 0.3,
@@ -220,7 +218,9 @@ class FakeCluster:
                 reason.append([f"gnt:library:rlib2:{resource}", "", ns])
             snake = op_id.removeprefix("OP_").lower()
             reason.append([f"gnt:opcode:{snake}", f"job={job_id};index={index}", ns + 3000])
-            luxid = _opcodes.luxid_input(op_id, params, reason, dry_run=dry_run, cli=client is not None)
+            luxid = _opcodes.luxid_input(
+                op_id, params, reason, dry_run=dry_run, cli=client is not None, version=self.model.version
+            )
             fake_ops.append(FakeOp(luxid=luxid))
         job = FakeJob(id=job_id, ops=fake_ops, received_timestamp=received)
         self.jobs[job_id] = job

@@ -1,9 +1,9 @@
 """``FakeGaneti``: a Ganeti cluster in a few milliseconds, for tests, demos and benchmarks.
 
-``async with FakeGaneti() as fake:`` starts an aiohttp server answering Ganeti 3.0's
-RAPI (HTTPS with a generated self-signed certificate, or plain HTTP), backed by an
-in-memory cluster whose job engine writes a queue directory as Ganeti does. Its
-knobs (latency, ``max_clients``, op run times, faults, crashed nodes, slow submits) can be
+``async with FakeGaneti() as fake:`` starts an aiohttp server answering Ganeti 3.0's RAPI
+(or 3.1's, or 2.16's: ``version=``), HTTPS with a generated self-signed certificate or plain
+HTTP, backed by an in-memory cluster whose job engine writes a queue directory as Ganeti does.
+Its knobs (latency, ``max_clients``, op run times, faults, crashed nodes, slow submits) can be
 changed while it runs.
 """
 
@@ -30,6 +30,7 @@ from synnefo_ganeti.testing._server import FAULT_KINDS, Fault, RapiApp
 from synnefo_ganeti.testing._slow import SlowSubmit
 from synnefo_ganeti.testing._sockets import Accepted, Listener, spawn_serving
 from synnefo_ganeti.testing._tls import keep_certificate, write_certificate
+from synnefo_ganeti.testing._versions import DEFAULT_VERSION, profile
 
 __all__ = ["FakeGaneti"]
 
@@ -93,7 +94,11 @@ class FakeGaneti:
       ``opportunistic_retry``: seconds between an opportunistic create's lock attempts (Ganeti's 2);
     * ``oses`` (``GET /2/os``; a variant as ``os+variant``), ``disk_templates``, ``cluster_name``;
     * ``ipolicy``: the instance policy's bounds, ``{"memory-size": (min, max), ...}`` over the
-      default ones (``cpu-count``, ``disk-size``, ``disk-count``, ``nic-count``, ``spindle-use``).
+      default ones (``cpu-count``, ``disk-size``, ``disk-count``, ``nic-count``, ``spindle-use``);
+    * ``version``: the Ganeti it answers as, ``"3.0"`` (default), ``"3.1"`` or ``"2.16"``: each one's
+      ``/2/info``, defaults, refusals and routes (:mod:`._versions`); ``ValueError`` for another;
+    * ``hosts``: names the cluster's resolver knows, ``{name: ip}`` besides the nodes' own: a create
+      (or rename) with ``name_check``, Ganeti 3.0's and 2.16's default, needs its name there.
     """
 
     def __init__(
@@ -123,7 +128,10 @@ class FakeGaneti:
         default_iallocator: str = "hail",
         opportunistic_retry: float = 2.0,
         ipolicy: dict[str, tuple[int, int]] | None = None,
+        version: str = DEFAULT_VERSION,
+        hosts: dict[str, str] | None = None,
     ) -> None:
+        self._version = profile(version)  # first: a bad version is refused before anything else
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, not {nodes}")
         if max_clients < 1:
@@ -145,6 +153,7 @@ class FakeGaneti:
         self.password = password or secrets.token_urlsafe(12)
         self.fsync = fsync
         self._queue_arg = Path(queue_dir) if queue_dir is not None else None
+        self._hosts = dict(hosts or {})
         self._cluster_kwargs: dict[str, Any] = {
             "name": cluster_name, "nodes": nodes, "node_memory": node_memory, "node_disk": node_disk,
             "node_cpus": node_cpus, "oses": oses, "disk_templates": disk_templates,
@@ -174,7 +183,8 @@ class FakeGaneti:
         if self._rapi is None or self._cluster is None:
             return "<FakeGaneti not started>"
         return (
-            f"<FakeGaneti {self.url} {len(self._cluster.nodes)} nodes, {len(self._cluster.instances)} instances, "
+            f"<FakeGaneti {self.url} Ganeti {self._version.software_version}, {len(self._cluster.nodes)} nodes, "
+            f"{len(self._cluster.instances)} instances, "
             f"{len(self._cluster.jobs)} jobs, {self._rapi.active}/{self._rapi.max_clients} requests active>"
         )
 
@@ -184,6 +194,11 @@ class FakeGaneti:
         if self._cluster is None:
             raise RuntimeError("FakeGaneti is not started; use 'async with FakeGaneti() as fake:'")
         return self._cluster
+
+    @property
+    def version(self) -> str:
+        """The Ganeti version it answers as: ``"3.0"``, ``"3.1"`` or ``"2.16"`` (``FakeGaneti(version=)``)."""
+        return self._version.name
 
     @property
     def rapi(self) -> RapiApp:
@@ -306,6 +321,8 @@ class FakeGaneti:
         self.queue_dir = self._queue_arg or self._temp / "queue"
         queue = QueueDir(self.queue_dir, fsync=self.fsync)
         self._cluster = FakeCluster(queue=queue, **self._cluster_kwargs)
+        self._cluster.model.version = self._version
+        self._cluster.model.hosts.update(self._hosts)
         self._rapi = RapiApp(self._cluster, self.username, self.password, **self._app_kwargs)
         self._ssl = None
         if self.tls:

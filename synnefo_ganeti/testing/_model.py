@@ -1,4 +1,5 @@
-"""The fake cluster's groups, networks (with their address pools), cluster tags, filters and exports.
+"""The fake cluster's groups, networks (with their address pools), cluster tags, filters, exports, its
+Ganeti version and what its resolver knows.
 
 Networks follow Ganeti's ``network.AddressPool``: one bit per address for instance
 reservations and one for external ones; a new network reserves its network address,
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from synnefo_ganeti.testing._cluster import OpFailure
+from synnefo_ganeti.testing._versions import DEFAULT_VERSION, VERSIONS, VersionProfile
 
 __all__ = ["AddressPool", "ClusterModel", "FakeFilter", "FakeGroup", "FakeNetwork"]
 
@@ -190,6 +192,10 @@ class ClusterModel:
     filters: dict[str, FakeFilter] = field(default_factory=dict)
     exports: dict[str, str] = field(default_factory=dict)  # instance name -> node holding its export
     cluster_params: dict[str, Any] = field(default_factory=dict)  # set by OP_CLUSTER_SET_PARAMS
+    #: which Ganeti the cluster is (:mod:`._versions`; ``FakeGaneti(version=...)``)
+    version: VersionProfile = field(default_factory=lambda: VERSIONS[DEFAULT_VERSION])
+    #: what the cluster's resolver knows, name -> IPv4 address (:mod:`._names`: a create's ``name_check``)
+    hosts: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def default(cls, group_uuid: str, nodes: list[str]) -> ClusterModel:

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from synnefo_ganeti.testing._versions import VersionProfile
 
 __all__ = ["GENERIC", "LUXID", "RESOLVED", "SURFACE_OPS", "summary"]
 
@@ -24,10 +27,10 @@ GENERIC = ("dry_run", "debug_level", "priority", "depends", "comment", "reason",
 # Each opcode's own fields as luxid writes them for a RAPI submission, with RAPI's defaults.
 LUXID: dict[str, dict[str, Any]] = {
     "OP_INSTANCE_CREATE": {
-        "instance_name": None, "force_variant": False, "wait_for_sync": True, "name_check": False,
+        "instance_name": None, "force_variant": False, "wait_for_sync": True, "name_check": True,
         "ignore_ipolicy": False, "opportunistic_locking": False, "beparams": {}, "disks": [],
         "disk_template": None, "hvparams": {}, "hypervisor": None, "identify_defaults": False,
-        "ip_check": False, "conflicts_check": True, "mode": "create", "nics": [{}], "osparams": {},
+        "ip_check": True, "conflicts_check": True, "mode": "create", "nics": [{}], "osparams": {},
         "os_type": None, "pnode": None, "source_shutdown_timeout": 120, "compress": "none", "start": True,
         "forthcoming": False, "commit": False, "tags": [], "instance_communication": False,
     },
@@ -58,10 +61,10 @@ LUXID: dict[str, dict[str, Any]] = {
 # The full input from ``running`` on: key order and defaults as the executor writes them.
 RESOLVED: dict[str, dict[str, Any]] = {
     "OP_INSTANCE_CREATE": {
-        "instance_name": None, "force_variant": False, "wait_for_sync": True, "name_check": False,
+        "instance_name": None, "force_variant": False, "wait_for_sync": True, "name_check": True,
         "ignore_ipolicy": False, "opportunistic_locking": False, "beparams": {}, "disks": [],
         "disk_template": None, "group_name": None, "file_driver": None, "file_storage_dir": None, "hvparams": {},
-        "hypervisor": None, "iallocator": None, "identify_defaults": False, "ip_check": False,
+        "hypervisor": None, "iallocator": None, "identify_defaults": False, "ip_check": True,
         "conflicts_check": True, "mode": "create", "nics": [{}], "no_install": None, "osparams": {},
         "osparams_private": {}, "osparams_secret": {}, "os_type": None, "pnode": None, "pnode_uuid": None,
         "snode": None, "snode_uuid": None, "source_handshake": None, "source_instance_name": None,
@@ -132,6 +135,10 @@ for _op_id in SURFACE_OPS:
                          if not name.endswith(("_uuid", "_uuids")) and "private" not in name}  # fmt: skip
         if _spec["summary"]:
             _SUMMARY_FIELD[_op_id] = _spec["summary"]
+# Ganeti 3.1's OpNetworkRename (src/Ganeti/OpCodes.hs at v3.1.0: pNetworkName, pNewName, no summary
+# field); only the 3.1 fake serves its route (_versions)
+LUXID["OP_NETWORK_RENAME"] = {"network_name": None, "new_name": None}
+RESOLVED["OP_NETWORK_RENAME"] = {"network_name": None, "new_name": None}
 # set-params' resolved form has every parameter, the unset ones null (a real job file: tests/fixtures/
 # ganeti-3.0-queue/surface/job-88...): the defaults above, in Ganeti's order
 RESOLVED["OP_INSTANCE_SET_PARAMS"] = {
@@ -151,15 +158,22 @@ def summary(op_input: dict[str, Any]) -> str:
 
 
 def luxid_input(
-    op_id: str, params: dict[str, Any], reason: list[Any], *, dry_run: bool, cli: bool = False
-) -> dict[str, Any]:
+    op_id: str, params: dict[str, Any], reason: list[Any], *, dry_run: bool, cli: bool = False,
+    version: VersionProfile | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """The submitted form: generic fields, then the opcode's own (defaults filled, extras kept).
 
-    A RAPI submission carries no ``debug_level``; a gnt-* command line's does.
+    A RAPI submission carries no ``debug_level``; a gnt-* command line's does. ``version``: the
+    Ganeti whose opcode it is (its defaults, the parameters it lacks left out; default 3.0).
     """
     params = dict(params)
     comment = params.pop("comment", None)
-    own = {key: params.get(key, default) for key, default in LUXID[op_id].items()}
+    defaults = LUXID[op_id]
+    if version is not None:
+        removed = version.removed(op_id)
+        defaults = {key: version.defaults(op_id).get(key, default)
+                    for key, default in defaults.items() if key not in removed}  # fmt: skip
+    own = {key: params.get(key, default) for key, default in defaults.items()}
     own.update({key: value for key, value in params.items() if key not in own})
     own = {key: value for key, value in own.items() if value is not None or key in params}
     head: dict[str, Any] = {"dry_run": dry_run}
@@ -188,9 +202,16 @@ def rapi_input(current: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolved_input(luxid: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
-    """From ``running`` on: the full key list, resolved values, ``debug_level`` among the generic fields."""
+    """From ``running`` on: the full key list, resolved values, ``debug_level`` among the generic fields.
+
+    A parameter every submitted form carries (it has a default, :data:`LUXID`) but this one lacks
+    is one this op's Ganeti version does not have (3.1's set-params: ``hotplug_if_possible``):
+    left out here too.
+    """
     op_id = str(luxid["OP_ID"])
-    template = RESOLVED[op_id]
+    submitted = LUXID.get(op_id, {})
+    template = {key: default for key, default in RESOLVED[op_id].items()
+                if key in luxid or submitted.get(key) is None}  # fmt: skip
     own = {key: resolved.get(key, luxid.get(key, default)) for key, default in template.items()}
     own.update({key: value for key, value in luxid.items() if key not in own and key not in GENERIC})
     tail = {

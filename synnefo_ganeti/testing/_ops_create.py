@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from synnefo_ganeti.testing._cluster import FakeInstance, OpFailure, parse_size
 from synnefo_ganeti.testing._locks import ALL
 from synnefo_ganeti.testing._macs import MacReservation
+from synnefo_ganeti.testing._names import check_create_name, ping
 from synnefo_ganeti.testing._node_faults import check_allocator_input, check_answers
 from synnefo_ganeti.testing._ops_networks import create_nics
 from synnefo_ganeti.testing._placement import allocate, check_pnode, check_policy, check_room, choose_node
@@ -111,6 +112,7 @@ async def instance_create(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
     p = op.luxid
     name = str(p["instance_name"])
     op.resolve(osparams_private=None, osparams_secret=None)
+    address = check_create_name(cluster, op)  # CheckArguments: name_check (and the address to ping)
     if name in cluster.instances:
         raise OpFailure("OpPrereqError", f"Instance '{name}' is already in the cluster", "already_exists")
     template = str(p.get("disk_template"))
@@ -132,6 +134,7 @@ async def instance_create(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
     )
     if node is not None:
         check_pnode(node)  # CheckPrereq
+    ping(cluster, address, name)  # CheckPrereq: ip_check
     # ComputeNics (CheckPrereq): a MAC given is checked and reserved, the others generated
     macs = MacReservation(cluster, create=True)
     nics = [dict(nic) | {"mac": macs.take(dict(nic))} for nic in p.get("nics") or []]
@@ -231,7 +234,7 @@ async def _exec(cluster: FakeCluster, job: FakeJob, op: FakeOp, node: str, maxme
         custom_beparams={k: v for k, v in custom.items() if k != "memory"},
         nics=create_nics(cluster, node, nics, lambda nic: _nic(nic, cluster.link)),
         disks=[{"size": d["size"], "uuid": str(uuid.uuid4()), "name": d.get("name")} for d in disks],
-        tags=list(p.get("tags") or []), hvparams=dict(p.get("hvparams") or {}),
+        tags=list(p.get("tags") or []), hvparams=dict(p.get("hvparams") or {}), osparams=dict(p.get("osparams") or {}),
         admin_state="up" if p.get("start", True) else "down", oper_state=False,
     )  # fmt: skip
     cluster.instances[name] = inst

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from synnefo_ganeti.testing import _opcodes
 from synnefo_ganeti.testing._cluster import OpFailure, parse_size
 from synnefo_ganeti.testing._disk_mods import disk_mods
+from synnefo_ganeti.testing._hotplug import check_hotplug
 from synnefo_ganeti.testing._locks import ALL
 from synnefo_ganeti.testing._node_faults import (
     ENVIRON,
@@ -174,10 +175,13 @@ async def instance_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) ->
     beparams = dict(p.get("beparams") or {})
     if not any(p.get(key) for key in ("beparams", "hvparams", "nics", "disks", "osparams", "os_name")):
         raise OpFailure("OpPrereqError", "No changes submitted", "wrong_input")
+    hotplug_lines = check_hotplug(cluster, op, inst)  # CheckPrereq: _CheckHotplug first
     nic_changes, commit_nics, resolved_nics = nic_mods(cluster, inst, list(p.get("nics") or []))
     disk_changes, commit_disks = disk_mods(cluster, inst, list(p.get("disks") or []))
     cluster.start_running(job, op, instance_uuid=inst.uuid, nics=resolved_nics)
-    changes: list[list[Any]] = []
+    for line in hotplug_lines:
+        cluster.log(job, op, line)
+    requested = list(beparams)  # Exec's result lines name the op's own keys (be/memory, as both labs)
     if "memory" in beparams:
         memory = beparams.pop("memory")
         beparams.setdefault("maxmem", memory)
@@ -190,8 +194,9 @@ async def instance_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) ->
                 "TypeEnforcementError", f"'vcpus' (value {value}) is not a valid int", prereq=False
             )
         beparams[key] = value
-        changes.append([f"be/{key}", value])
+    changes = [[f"be/{key}", beparams["maxmem" if key == "memory" else key]] for key in requested]
     changes += [[f"hv/{key}", value] for key, value in (p.get("hvparams") or {}).items()]
+    changes += [[f"os/{key}", value] for key, value in (p.get("osparams") or {}).items()]
     changes += nic_changes + disk_changes
     await cluster.work(job, op, [], cluster.op_time(op))
     if not p.get("dry_run"):
@@ -199,6 +204,7 @@ async def instance_set_params(cluster: FakeCluster, job: FakeJob, op: FakeOp) ->
         inst.beparams["memory"] = inst.beparams.get("maxmem", inst.memory)
         inst.custom_beparams.update(beparams)
         inst.hvparams.update(p.get("hvparams") or {})
+        inst.osparams.update(p.get("osparams") or {})
         commit_nics()
         commit_disks()
         inst.touch()
@@ -223,7 +229,8 @@ async def instance_multi_alloc(cluster: FakeCluster, job: FakeJob, op: FakeOp) -
                 beparams = {"maxmem": memory, "minmem": memory} | beparams
             params |= {"beparams": beparams, "pnode": node.name, "iallocator": None}
         children.append(params)
-        child = _opcodes.luxid_input("OP_INSTANCE_CREATE", params, op.luxid["reason"], dry_run=False)
+        child = _opcodes.luxid_input("OP_INSTANCE_CREATE", params, op.luxid["reason"], dry_run=False,
+                                     version=cluster.model.version)  # fmt: skip
         resolved = _opcodes.resolved_input(
             child,
             {"pnode": node.name, "pnode_uuid": node.uuid, "hypervisor": params.get("hypervisor") or cluster.hypervisor,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from synnefo_ganeti.testing._cluster import OpFailure, free_capacity
 from synnefo_ganeti.testing._locks import ALL
+from synnefo_ganeti.testing._names import check_rename_name
 from synnefo_ganeti.testing._node_faults import check_answers, rpc_error
 from synnefo_ganeti.testing._ops_disks import check_down, instance_locks, instance_of
 from synnefo_ganeti.testing._registry import Needs, opcode
@@ -144,6 +145,7 @@ def _instance_only(cluster: FakeCluster, op: FakeOp) -> Needs:
 @opcode("OP_INSTANCE_RENAME", locks=_instance_only)
 async def instance_rename(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
     inst = instance_of(cluster, op)
+    check_rename_name(cluster, op)  # ExpandNames: name_check, ip_check
     new = str(op.luxid.get("new_name"))
     cluster.start_running(job, op, instance_uuid=inst.uuid)  # holding its locks: CheckPrereq
     check_down(inst, "cannot rename")

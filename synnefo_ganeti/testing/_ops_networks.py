@@ -1,4 +1,4 @@
-"""Network opcodes (``cmdlib.network``): add, set params, connect, disconnect, remove.
+"""Network opcodes (``cmdlib.network``): add, set params, connect, disconnect, remove, and 3.1's rename.
 
 The address pool is :class:`._model.AddressPool` (Ganeti's ``network.AddressPool``): a new
 network reserves its network, broadcast and gateway addresses and ``add_reserved_ips``
@@ -144,6 +144,38 @@ async def network_remove(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None
         cluster.model.networks.pop(net.name, None)
 
 
+@opcode("OP_NETWORK_RENAME")
+async def network_rename(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> None:
+    """Ganeti 3.1's ``LUNetworkRename`` (``lib/cmdlib/network.py`` at v3.1.0; only the 3.1 fake
+    routes to it): ``ExpandNames`` looks the network up (``Network 'X' not found``),
+    ``CheckPrereq`` refuses a name another network has (itself included), ``Exec`` renames it;
+    result the new name. Groups' connections and NICs follow (Ganeti keeps them by UUID)."""
+    p = op.luxid
+    net = cluster.model.network(str(p.get("network_name")))
+    new = str(p.get("new_name"))
+    cluster.start_running(job, op)
+    clash = cluster.model.networks.get(new)
+    if clash is not None:
+        raise OpFailure(
+            "OpPrereqError", f"Desired new name '{new}' clashes with existing network (UUID: {clash.uuid})",
+            "already_exists",
+        )  # fmt: skip
+    await cluster.work(job, op, [], cluster.op_time(op))
+    if not p.get("dry_run"):
+        old = net.name
+        cluster.model.networks[new] = cluster.model.networks.pop(old)
+        net.name = new
+        for group in cluster.model.groups.values():
+            if old in group.networks:
+                group.networks[new] = group.networks.pop(old)
+        for inst in cluster.instances.values():
+            for nic in inst.nics:
+                if nic.get("network") == old:
+                    nic["network"] = new
+        net.touch()
+    op.result = new
+
+
 def nic_mods(
     cluster: FakeCluster, inst: FakeInstance, mods: list[Any]
 ) -> tuple[list[list[Any]], Callable[[], None], list[list[Any]]]:
@@ -169,10 +201,9 @@ def nic_mods(
             resolved.append([action, index, params | {"ip": nic["ip"], "mac": nic["mac"]}])
             nics.append(nic) if index == -1 else nics.insert(index, nic)
             at = len(nics) - 1 if index == -1 else index
-            desc = f"mac={nic['mac']},ip={nic['ip']},mode={nic['mode']},link={nic['link']}"
-            changes.append(
-                [f"nic.{at}", f"add:{desc}" + (f",network={nic['network']}" if nic.get("network") else "")]
-            )
+            # _CreateNewNic: "add:mac=%s,ip=%s,mode=%s,link=%s,network=%s" (network None without one)
+            desc = f"mac={nic['mac']},ip={nic['ip']},mode={nic['mode']},link={nic['link']},network={nic['network']}"
+            changes.append([f"nic.{at}", f"add:{desc}"])
         elif action == "remove":
             if not nics:
                 raise OpFailure("OpPrereqError", "Instance has no NICs to remove", "wrong_input")

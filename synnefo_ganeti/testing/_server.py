@@ -1,4 +1,5 @@
-"""The fake ganeti-rapi: an aiohttp application answering as Ganeti 3.0 does.
+"""The fake ganeti-rapi: an aiohttp application answering as Ganeti 3.0 does (or the cluster's version:
+:mod:`._versions`).
 
 Requests pass, in order: the ``max_clients`` slots (a request beyond them waits,
 as ganeti-rapi's extra connections wait for a free child), the latency knob, slow
@@ -28,6 +29,7 @@ from synnefo_ganeti.testing._engine import FakeCluster
 from synnefo_ganeti.testing._errors import HTTPError, ganeti_error, invalid
 from synnefo_ganeti.testing._routes import Surface
 from synnefo_ganeti.testing._slow import SlowSubmit, SlowSubmits
+from synnefo_ganeti.testing._version_routes import VersionRoutes
 
 __all__ = ["FAULT_KINDS", "Fault", "RapiApp"]
 
@@ -114,7 +116,8 @@ class RapiApp:
             ("DELETE", "/__fake__/slow-submit", self._clear_slow_submits),
             ("POST", "/__fake__/nodes/{name}/{action:crash|restore}", self._node_fault),
         ]
-        routes += Surface(self).routes()  # the rest of Ganeti 3.0's RAPI (_routes.py)
+        surface = Surface(self)  # the rest of Ganeti 3.0's RAPI (_routes.py), and the version's own
+        routes += surface.routes() + VersionRoutes(surface).routes()
         for method, path, handler in routes:
             app.router.add_route(method, path, self._json_handler(handler))
         return app
@@ -169,8 +172,8 @@ class RapiApp:
             return ganeti_error(404)
         except web.HTTPMethodNotAllowed:
             return ganeti_error(501, f"Method {request.method} is unsupported for resource")
-        except HTTPError as exc:
-            return ganeti_error(exc.status, exc.message)
+        except HTTPError as exc:  # the message as this Ganeti version writes it
+            return ganeti_error(exc.status, self.cluster.model.version.message(exc.message))
         response.headers["Connection"] = "close"
         return response
 
@@ -307,7 +310,7 @@ class RapiApp:
         high = {key: bounds[1] for key, bounds in cluster.ipolicy.items()}
         templates = {"disk-templates": list(cluster.disk_templates)}
         info["ipolicy"] = dict(info["ipolicy"], minmax=[{"min": low, "max": high}], **templates)
-        return info
+        return cluster.model.version.info(info)
 
     async def _os(self, request: web.Request) -> Any:
         # Ganeti answers from an OP_OS_DIAGNOSE job: the valid OSes every node has, "os+variant"
@@ -339,7 +342,7 @@ class RapiApp:
             await _node_faults.wait_for_live_data(self.cluster)
         views = self.cluster.instance_views()
         if bulk:
-            return views
+            return [self._versioned(view) for view in views]
         return [{"id": v["name"], "uri": f"/2/instances/{v['name']}"} for v in views]
 
     async def _instance(self, request: web.Request) -> Any:
@@ -349,9 +352,18 @@ class RapiApp:
         view = self.cluster.instance_view(request.match_info["name"])
         if view is None:
             raise HTTPError(404)
-        return view
+        return self._versioned(view)
+
+    def _versioned(self, view: dict[str, Any]) -> dict[str, Any]:
+        """An instance's view with the fields this Ganeti version adds (3.1: ``custom_osparams``)."""
+        inst = self.cluster.instances.get(view["name"])
+        return self.cluster.model.version.instance_view(view, inst.osparams if inst is not None else {})
 
     def _submit(self, request: web.Request, ops: list[tuple[str, dict[str, Any]]], resource: str) -> int:
+        for op_id, params in ops:  # FillOpcode: a parameter this version's opcode lacks
+            refusal = self.cluster.model.version.refusal(op_id, params)
+            if refusal is not None:
+                raise HTTPError(400, refusal)
         dry_run, reason = self._flag(request, "dry-run"), request.query.get("reason")
         return self.cluster.submit(ops, resource=resource, dry_run=dry_run, user_reason=reason)
 

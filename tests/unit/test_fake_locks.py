@@ -24,7 +24,7 @@ EPS = 0.002
 
 def _create(cluster: FakeCluster, name: str, **params: Any) -> int:
     body = {"instance_name": name, "mode": "create", "disk_template": "diskless", "disks": [], "nics": [{}],
-            "os_type": "noop", "beparams": {"memory": 128}} | params  # fmt: skip
+            "os_type": "noop", "beparams": {"memory": 128}, "name_check": False, "ip_check": False} | params  # fmt: skip
     return cluster.submit([("OP_INSTANCE_CREATE", body)], resource="instances")
 
 

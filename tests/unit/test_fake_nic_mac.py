@@ -60,7 +60,7 @@ async def test_an_attached_nic_gets_its_mac(rapi: Any) -> None:
     assert (await create(client, "vm1.fake.test", [{}])).status == "success"
     job = await add_nic(client, "vm1.fake.test", {"mac": MAC, "link": "br1"})
     assert job.status == "success"
-    assert job.opresult[0][0] == ["nic.1", f"add:mac={MAC},ip=None,mode=bridged,link=br1"]
+    assert job.opresult[0][0] == ["nic.1", f"add:mac={MAC},ip=None,mode=bridged,link=br1,network=None"]
     assert (await client.get_instance("vm1.fake.test")).nic_macs[1] == MAC
     assert fake.cluster.instances["vm1.fake.test"].nics[1]["mac"] == MAC
 

@@ -426,7 +426,8 @@ async def test_a_slow_create_reaches_the_queue_after_its_client_gave_up() -> Non
         assert isinstance(rule, SlowSubmit) and (rule.method, rule.path) == ("POST", "/2/instances")
         with pytest.raises(TimeoutError):
             await rapi.call("POST", "/2/instances", {"__version__": 1, "name": "gaveup.ganeti.test", "mode": "create",
-                            "disk_template": "diskless", "disks": [], "nics": [{}], "os": "noop"},
+                            "disk_template": "diskless", "disks": [], "nics": [{}], "os": "noop",
+                            "name_check": False, "ip_check": False},
                             timeout=aiohttp.ClientTimeout(total=0.05))  # fmt: skip
 
         async def listed() -> list[Any]:

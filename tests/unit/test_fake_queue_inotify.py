@@ -36,7 +36,8 @@ async def test_every_version_arrives_by_rename(tmp_path) -> None:
         collector = asyncio.create_task(collect())
         async with FakeGaneti(tls=False, queue_dir=queue, op_times={"OP_INSTANCE_CREATE": 0.02}) as fake:
             params = {"instance_name": "vm1", "mode": "create", "disk_template": "diskless", "disks": [],
-                      "nics": [{}], "os_type": "noop", "pnode": "node1.fake.test"}  # fmt: skip
+                      "nics": [{}], "os_type": "noop", "pnode": "node1.fake.test", "name_check": False,
+                      "ip_check": False}  # fmt: skip
             job_id = fake.cluster.submit([("OP_INSTANCE_CREATE", params)], resource="instances")
             job = f"job-{job_id}"
 
