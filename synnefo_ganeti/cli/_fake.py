@@ -14,7 +14,7 @@ from rich.table import Table
 from synnefo_ganeti.cli._main import main
 from synnefo_ganeti.cli._options import json_option
 from synnefo_ganeti.cli._output import print_json, stdout
-from synnefo_ganeti.testing import FakeGaneti
+from synnefo_ganeti.testing import DEFAULT_VERSION, VERSIONS, FakeGaneti
 
 __all__ = ["fake_ganeti", "jittered"]
 
@@ -42,7 +42,26 @@ def _op_times(values: tuple[str, ...]) -> dict[str, float]:
     return times
 
 
+def _host_entries(values: tuple[str, ...]) -> dict[str, str]:
+    hosts: dict[str, str] = {}
+    for item in values:
+        name, sep, address = item.partition("=")
+        if not sep or not name.strip() or not address.strip():
+            raise click.BadParameter(f"{item!r} is not NAME=IP (e.g. vm1.example.org=192.0.2.10)")
+        hosts[name.strip()] = address.strip()
+    return hosts
+
+
 @main.command("fake-ganeti")
+@click.option(
+    "--version", "--ganeti-version", "version", type=click.Choice(list(VERSIONS)), default=DEFAULT_VERSION,
+    show_default=True, help="The Ganeti it answers as: its /2/info, defaults, refusals and routes.",
+)  # fmt: skip
+@click.option(
+    "--host-entry", "host_entries", multiple=True, metavar="NAME=IP",
+    help="A name the cluster's resolver knows (repeat): a create with name_check (3.0's and 2.16's "
+    "default) needs its name resolvable.",
+)  # fmt: skip
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=5080, show_default=True, help="0 picks a free port."
@@ -92,6 +111,8 @@ def _op_times(values: tuple[str, ...]) -> dict[str, float]:
 )
 @json_option
 def fake_ganeti(
+    version: str,
+    host_entries: tuple[str, ...],
     host: str,
     port: int,
     queue_dir: Path | None,
@@ -113,6 +134,7 @@ def fake_ganeti(
 ) -> None:
     """Run a fake Ganeti (RAPI and job queue) in the foreground, until Ctrl-C or SIGTERM."""
     times = _op_times(op_times)
+    hosts = _host_entries(host_entries)
     if slow_submit_job_after is not None and slow_submit is None:
         raise click.BadParameter("needs --slow-submit", param_hint="--slow-submit-job-after")
     if tls_dir is not None and no_tls:
@@ -123,7 +145,7 @@ def fake_ganeti(
         fake = FakeGaneti(
             nodes=nodes, queue_dir=queue_dir, latency=jittered(latency, jitter), max_clients=max_clients, tls=not no_tls, host=host,
             port=port, username=username, password=password, max_running_jobs=max_running_jobs, op_times=times,
-            archive_after=archive_after, tls_dir=tls_dir,
+            archive_after=archive_after, tls_dir=tls_dir, version=version, hosts=hosts,
         )  # fmt: skip
         try:
             await fake.start()
@@ -140,6 +162,7 @@ def fake_ganeti(
             details = {
                 "url": fake.url, "username": fake.username, "password": fake.password, "ca_file": fake.ca_file,
                 "fingerprint": fake.fingerprint, "queue_dir": str(fake.queue_dir), "nodes": nodes,
+                "version": fake.version, "software_version": fake.cluster.model.version.software_version,
             }  # fmt: skip
             if as_json:
                 print_json(details)
