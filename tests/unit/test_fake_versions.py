@@ -24,8 +24,9 @@ import pytest
 from click.testing import CliRunner
 
 from synnefo_ganeti.cli import main
+from synnefo_ganeti.errors import UnsupportedError
 from synnefo_ganeti.testing import VERSIONS, FakeGaneti, structure_diff
-from tests.helpers import FIXTURES, QUEUE_FIXTURES, RAPI_FIXTURES, eventually
+from tests.helpers import FIXTURES, QUEUE_FIXTURES, RAPI_FIXTURES, eventually, fake_client, spec
 
 LAB31 = FIXTURES / "ganeti-3.1-rapi"
 LAB30 = LAB31 / "lab-3.0"  # the 3.0 lab's answers to the same requests
@@ -491,6 +492,30 @@ async def test_the_3_1_fake_answers_as_the_3_1_lab_key_for_key(tmp_path) -> None
             "POST", "/2/instances", {k: v for k, v in CREATE.items() if k != "__version__"}
         )
         assert (status, answer) == (400, lab(LAB31 / "POST_instances_dryrun_no_version.json")["body"])
+
+
+# ---------------------------------------------------------------------------------------------- the client
+
+
+@pytest.mark.parametrize("version", ALL)
+async def test_the_rapi_client_adapts_to_each_fake(version) -> None:
+    """The client's version-dependent calls against each fake: what it sends, the fake takes."""
+    async with started(version) as rapi, fake_client(rapi.fake) as client:
+        assert (await client.ganeti_version()).text == VERSIONS[version].software_version
+        job = await client.wait_for_job(await client.create_instance(spec("x1.ganeti.test", pnode=NODE)))
+        assert job.status == "success"
+        modify = await client.modify_instance("x1.ganeti.test", nics=[["add", {}]], hotplug_if_possible=True)
+        assert (await client.wait_for_job(modify)).status == "success"
+        assert len(rapi.fake.cluster.instances["x1.ganeti.test"].nics) == 2
+        await client.wait_for_job(await client.create_network("net1", "10.99.0.0/28"))
+        if version == "3.1":
+            assert (
+                await client.wait_for_job(await client.rename_network("net1", "net2"))
+            ).status == "success"
+            assert list(rapi.fake.cluster.model.networks) == ["net2"]
+        else:
+            with pytest.raises(UnsupportedError):
+                await client.rename_network("net1", "net2")
 
 
 # ---------------------------------------------------------------------------------------------- the command
