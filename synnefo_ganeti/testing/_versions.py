@@ -15,7 +15,8 @@ labs asked the same questions):
 ``vhost_net``                                                      ``false``
 ``hvparams.xen-*.xen_cmd``                 as 3.0                  ``xm``          absent
 instances' ``custom_osparams``             absent                  absent          the instance's own
-create ``name_check``, ``ip_check``        default true            default true    default false
+``name_check``, ``ip_check`` (create,      default true            default true    default false
+rename)
 set-params ``hotplug``                     default false, fails    as 2.16         default true, falls
                                            the job if the                          back with a warning
                                            hypervisor cannot                       (running instances)
