@@ -34,10 +34,17 @@ def file_spec(name: str, **kwargs: Any) -> Any:
     return spec(name, disk_template="file", disks=[{"size": 1024}], **kwargs)
 
 
-def plane(tmp_path: Path, db_url: str, **op_times: float) -> AbstractAsyncContextManager[Any]:
+def plane(
+    tmp_path: Path, db_url: str, *, version: str = "3.0", **op_times: float
+) -> AbstractAsyncContextManager[Any]:
     """test_cloud_actions' world (a fake writing its queue, the watcher, a ControlPlane) with this
-    module's quick ops and OSes."""
-    return cloud_plane(tmp_path, db_url, quick=QUICK, fake_options={"oses": OSES}, **op_times)
+    module's quick ops and OSes; the fake answers as Ganeti ``version``."""
+    options = {"oses": OSES, "version": version}
+    return cloud_plane(tmp_path, db_url, quick=QUICK, fake_options=options, **op_times)
+
+
+#: the NIC and disk operations send what each Ganeti takes (3.1 refuses hotplug_if_possible)
+VERSIONS = pytest.mark.parametrize("version", ["2.16", "3.0", "3.1"])
 
 
 async def settled(cp: ControlPlane, instance_id: str, status: InstanceStatus | None = None) -> StoredInstance:
@@ -101,8 +108,9 @@ async def test_grow_disk_grows_the_stored_disk(tmp_path: Path, db_url: str) -> N
             assert bad.value.field == field
 
 
-async def test_attach_and_detach_a_nic(tmp_path: Path, db_url: str) -> None:
-    async with plane(tmp_path, db_url) as (fake, cp):
+@VERSIONS
+async def test_attach_and_detach_a_nic(tmp_path: Path, db_url: str, version: str) -> None:
+    async with plane(tmp_path, db_url, version=version) as (fake, cp):
         vm = await started(cp, spec("vm1.fake.test"))
         await cp.attach_nic(vm.id, link="br1", mode="bridged")
         attached = await settled(cp, vm.id, InstanceStatus.STARTED)
@@ -120,8 +128,9 @@ async def test_attach_and_detach_a_nic(tmp_path: Path, db_url: str) -> None:
         assert bad.value.field == "ip"
 
 
-async def test_attach_a_disk_and_detach_it_once_stopped(tmp_path: Path, db_url: str) -> None:
-    async with plane(tmp_path, db_url) as (fake, cp):
+@VERSIONS
+async def test_attach_a_disk_and_detach_it_once_stopped(tmp_path: Path, db_url: str, version: str) -> None:
+    async with plane(tmp_path, db_url, version=version) as (fake, cp):
         vm = await started(cp, file_spec("vm1.fake.test"))
         await cp.attach_disk(vm.id, size=512)
         attached = await settled(cp, vm.id, InstanceStatus.STARTED)
