@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from synnefo_ganeti import RapiClient
 from synnefo_ganeti.testing._queue import QueueDir
 
 IN_CI = bool(os.environ.get("CI"))
@@ -44,11 +47,31 @@ def _restore_logging() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Testbed:
+    """A real Ganeti cluster of scripts/ganeti-testbed, as ``env`` describes it (its version asked of it)."""
+
+    __test__ = False  # not a test class, wherever it is imported
+
     url: str
     username: str
     password: str
     ca_file: str
     node: str
+    version: str = ""  # GET /2/info software_version: "3.0.2", "3.1.0~rc2"
+
+    @property
+    def series(self) -> str:
+        """``3.0`` or ``3.1``: the ``--version`` of scripts/ganeti-testbed for this cluster."""
+        return ".".join(self.version.split(".")[:2])
+
+    @property
+    def domain(self) -> str:
+        """The testbed's DNS domain, its node's: ``ganeti.test`` (3.0), ``g31.test`` (3.1 in a chroot)."""
+        return self.node.partition(".")[2]
+
+    @property
+    def cluster(self) -> str:
+        """The cluster's name as scripts/ganeti-testbed makes it: ``cluster.<domain>``."""
+        return f"cluster.{self.domain}"
 
 
 def _testbed_problem(url: str, ca_file: str) -> str | None:
@@ -64,22 +87,37 @@ def _testbed_problem(url: str, ca_file: str) -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def testbed() -> Testbed:
-    """The real Ganeti cluster of scripts/ganeti-testbed; skipped without it, failed in CI."""
-    bed = Testbed(
+def env_testbed(default_ca: str = "/var/lib/ganeti/rapi.pem") -> Testbed:
+    """The testbed the ``SYNNEFO_GANETI_TEST_*`` variables name (``eval "$(scripts/ganeti-testbed env)"``)."""
+    return Testbed(
         url=os.environ.get("SYNNEFO_GANETI_TEST_RAPI_URL", "https://127.0.0.1:5080"),
         username=os.environ.get("SYNNEFO_GANETI_TEST_RAPI_USER", "ci"),
         password=os.environ.get("SYNNEFO_GANETI_TEST_RAPI_PASSWORD", "ci"),
-        ca_file=os.environ.get("SYNNEFO_GANETI_TEST_RAPI_CA", "/var/lib/ganeti/rapi.pem"),
+        ca_file=os.environ.get("SYNNEFO_GANETI_TEST_RAPI_CA", default_ca),
         node=os.environ.get("SYNNEFO_GANETI_TEST_NODE", "node1.ganeti.test"),
     )
+
+
+async def _software_version(bed: Testbed) -> str:
+    async with RapiClient(bed.url, username=bed.username, password=bed.password, ca_file=bed.ca_file) as rapi:
+        return (await rapi.info()).software_version or ""
+
+
+def with_version(bed: Testbed) -> Testbed:
+    """``bed`` with the version its cluster tells (``GET /2/info`` ``software_version``)."""
+    return dataclasses.replace(bed, version=asyncio.run(_software_version(bed)))
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Testbed:
+    """The real Ganeti cluster of scripts/ganeti-testbed (any version); skipped without it, failed in CI."""
+    bed = env_testbed()
     problem = _testbed_problem(bed.url, bed.ca_file)
     if problem is not None:
         if IN_CI:
             pytest.fail(f"CI must run the real-Ganeti tests: {problem}")
         pytest.skip(problem)
-    return bed
+    return with_version(bed)
 
 
 @pytest.fixture

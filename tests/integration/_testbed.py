@@ -21,6 +21,18 @@ BACKEND = "testbed"
 DEADLINE = 60.0  # seconds for a job or an instance to get there (the cluster runs ~2.5 jobs/s)
 
 
+def ns(testbed, *command: str) -> list[str]:
+    """The argv that runs ``command`` on the testbed's (master) node, for the version the tests run on:
+    ``scripts/ganeti-testbed ns --version 3.1 gnt-job list`` (without it, ``ns`` goes to the machine's
+    own version: on Debian 12 the 3.0 testbed, while the tests may be on 3.1)."""
+    return [str(TESTBED), "ns", "--version", testbed.series, *command]
+
+
+def ns30(*command: str) -> list[str]:
+    """``ns`` on the 3.0 testbed (the ``ganeti3`` tests', which have no ``Testbed`` at hand)."""
+    return [str(TESTBED), "ns", "--version", "3.0", *command]
+
+
 def client(testbed, **kwargs: Any) -> RapiClient:
     kwargs.setdefault("ca_file", testbed.ca_file)
     return RapiClient(testbed.url, username=testbed.username, password=testbed.password, **kwargs)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from synnefo_ganeti import RapiClient
-from tests.conftest import IN_CI, Testbed, _testbed_problem
+from tests.conftest import IN_CI, Testbed, _testbed_problem, env_testbed, with_version
 
 UP3 = "run 'sudo scripts/ganeti-testbed down --purge; sudo scripts/ganeti-testbed up --nodes 3' first"
 
@@ -33,13 +33,7 @@ async def _node_names(bed: Testbed) -> tuple[str, ...]:
 @pytest.fixture(scope="session")
 def testbed3() -> Testbed3:
     """The real 3-node Ganeti cluster; skipped with a reason without it, failed in CI."""
-    bed = Testbed(
-        url=os.environ.get("SYNNEFO_GANETI_TEST_RAPI_URL", "https://127.0.0.1:5080"),
-        username=os.environ.get("SYNNEFO_GANETI_TEST_RAPI_USER", "ci"),
-        password=os.environ.get("SYNNEFO_GANETI_TEST_RAPI_PASSWORD", "ci"),
-        ca_file=os.environ.get("SYNNEFO_GANETI_TEST_RAPI_CA", _default_ca()),
-        node=os.environ.get("SYNNEFO_GANETI_TEST_NODE", "node1.ganeti.test"),
-    )
+    bed = env_testbed(_default_ca())
     problem = _testbed_problem(bed.url, bed.ca_file)
     nodes: tuple[str, ...] = ()
     if problem is None:
@@ -52,4 +46,4 @@ def testbed3() -> Testbed3:
         if IN_CI:
             pytest.fail(f"CI must run the real 3-node Ganeti tests: {problem}")
         pytest.skip(problem)
-    return Testbed3(bed=bed, nodes=nodes)
+    return Testbed3(bed=with_version(bed), nodes=nodes)

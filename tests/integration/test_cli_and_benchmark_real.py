@@ -39,7 +39,7 @@ async def test_cli_against_ganeti(testbed) -> None:
     env = cli_env(testbed)
     code, out, err = await run(*cli, "rapi", "info", "--json", env=env)
     assert code == 0, err
-    assert json.loads(out)["name"] == "cluster.ganeti.test"
+    assert json.loads(out)["name"] == testbed.cluster
 
     names = [f"sg-cli{i}-{uuid.uuid4().hex[:6]}.ganeti.test" for i in range(3)]
     code, out, err = await run(
@@ -68,6 +68,7 @@ async def test_submit_benchmark_runs(testbed) -> None:
         "SYNNEFO_GANETI_TEST_RAPI_PASSWORD": testbed.password,
         "SYNNEFO_GANETI_TEST_RAPI_CA": testbed.ca_file,
         "SYNNEFO_GANETI_TEST_NODE": testbed.node,
+        "SGTB_VERSION": testbed.series,  # its `scripts/ganeti-testbed ns` goes to this cluster
     }
     code, out, err = await run(
         sys.executable, "benchmarks/submit_real.py", "--n", "5", "--rounds", "1", env=env

@@ -23,8 +23,9 @@ from synnefo_ganeti import ControlPlane, NotFoundError, RapiClient
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.reconcile import Reconciler
 from synnefo_ganeti.store import InstanceStatus, Store
+from tests.conftest import Testbed
 from tests.helpers import eventually
-from tests.integration._testbed import BACKEND, DEADLINE, TESTBED, client, name, spec, watching
+from tests.integration._testbed import BACKEND, DEADLINE, client, name, ns, ns30, spec, watching
 
 pytestmark = [pytest.mark.ganeti, pytest.mark.timeout(180)]
 
@@ -75,9 +76,9 @@ async def run(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, 
     return process.returncode, out.decode(), err.decode()
 
 
-async def gnt_instance(*args: str) -> str:
+async def gnt_instance(testbed, *args: str) -> str:
     """``gnt-instance ARGS`` in the cluster's namespace; it must succeed."""
-    code, out, err = await run(str(TESTBED), "ns", "gnt-instance", *args)
+    code, out, err = await run(*ns(testbed, "gnt-instance", *args))
     assert code == 0, f"gnt-instance {' '.join(args)}: exit {code}\n{out}\n{err}"
     return out
 
@@ -110,8 +111,11 @@ def by_kind(drifts: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any
     return keyed
 
 
-async def remove_everywhere(rapi: RapiClient, names: list[str]) -> None:
-    """Remove each of ``names`` Ganeti still has (RAPI, else gnt-instance); every one is tried."""
+async def remove_everywhere(rapi: RapiClient, names: list[str], testbed: Testbed | None = None) -> None:
+    """Remove each of ``names`` Ganeti still has (RAPI, else gnt-instance); every one is tried.
+
+    ``testbed``: the cluster whose ``scripts/ganeti-testbed ns`` the fallback uses (by default the
+    3.0 one, the ``ganeti3`` tests' cluster)."""
     problems = []
     for instance in names:
         try:
@@ -121,7 +125,12 @@ async def remove_everywhere(rapi: RapiClient, names: list[str]) -> None:
                 continue
             await rapi.wait_for_job(await rapi.delete_instance(instance), timeout=120)
         except Exception as exc:  # fall back to the command line, report at the end
-            code, out, err = await run(str(TESTBED), "ns", "gnt-instance", "remove", "-f", instance)
+            argv = (
+                ns(testbed, "gnt-instance", "remove", "-f", instance)
+                if testbed
+                else ns30("gnt-instance", "remove", "-f", instance)
+            )
+            code, out, err = await run(*argv)
             if code != 0:
                 problems.append(f"{instance}: RAPI {exc!r}; gnt-instance remove: {out}{err}")
     assert not problems, f"instances left on the testbed: {problems}"
@@ -164,11 +173,11 @@ async def test_reconcile_repairs_drift_made_behind_the_back(testbed, db_url, tmp
                 assert (again.backends[0].settled, again.backends[0].observed) == (3, 0)
 
             # 2. the watcher is stopped: the database misses what follows
-            await gnt_instance("shutdown", "--timeout=0", stopped)
-            await gnt_instance("remove", "-f", gone)
-            await gnt_instance("modify", "-B", "maxmem=256,minmem=256", resized)
+            await gnt_instance(testbed, "shutdown", "--timeout=0", stopped)
+            await gnt_instance(testbed, "remove", "-f", gone)
+            await gnt_instance(testbed, "modify", "-B", "maxmem=256,minmem=256", resized)
             await gnt_instance(
-                "add", "-t", "diskless", "-o", "noop", "-n", testbed.node, "--no-name-check",
+                testbed, "add", "-t", "diskless", "-o", "noop", "-n", testbed.node, "--no-name-check",
                 "--no-ip-check", "--tags", OWNED_TAG, orphan,
             )  # fmt: skip
             assert OWNED_TAG in (await rapi.get_instance(orphan)).tags
@@ -224,4 +233,4 @@ async def test_reconcile_repairs_drift_made_behind_the_back(testbed, db_url, tmp
             code, after = await reconcile_cli(config)
             assert (code, after["drifts"]) == (0, [])
         finally:
-            await remove_everywhere(rapi, names)
+            await remove_everywhere(rapi, names, testbed)

@@ -90,7 +90,7 @@ async def test_durable_requests_end_as_instances(testbed, db_url, watched) -> No
                 stored_jobs = {job.job_id: job for job in await store.list_jobs(backend=BACKEND)}
                 assert all(stored_jobs[job_id].status.value == "success" for job_id in job_ids)
         finally:
-            await remove_everywhere(rapi, names)
+            await remove_everywhere(rapi, names, testbed)
 
 
 async def test_a_create_sent_before_a_crash_is_found_not_sent_again(testbed, db_url) -> None:
@@ -119,4 +119,4 @@ async def test_a_create_sent_before_a_crash_is_found_not_sent_again(testbed, db_
             assert [job.id for job in carrying] == [job_id], "the create was sent twice"
             assert claimed.id == request_id
         finally:
-            await remove_everywhere(rapi, [instance])
+            await remove_everywhere(rapi, [instance], testbed)

@@ -110,7 +110,7 @@ async def test_fake_serves_the_rest_like_real_ganeti(testbed) -> None:
     real = await scenario(
         Client(testbed.url, testbed.username, testbed.password, testbed.ca_file), testbed.node, inst
     )
-    async with FakeGaneti(nodes=1) as fake:
+    async with FakeGaneti(nodes=1, version=testbed.series) as fake:
         ours = await scenario(
             Client(fake.url, fake.username, fake.password, fake.ca_file), "node1.fake.test", inst
         )

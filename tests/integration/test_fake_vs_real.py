@@ -71,7 +71,7 @@ async def run_scenario(url: str, user: str, password: str, ca_file: str | None, 
 
 async def test_fake_answers_like_real_ganeti(testbed) -> None:
     real = await run_scenario(testbed.url, testbed.username, testbed.password, testbed.ca_file, testbed.node)
-    async with FakeGaneti(nodes=1) as fake:
+    async with FakeGaneti(nodes=1, version=testbed.series) as fake:
         ours = await run_scenario(fake.url, fake.username, fake.password, fake.ca_file, "node1.fake.test")
     for key in real:
         assert structure_diff(real[key], ours[key]) == [], key

@@ -97,7 +97,7 @@ async def test_filter_rules_applied_on_real_ganeti_and_on_the_fake(testbed) -> N
     ) as real:
         on_real = await steps(real, run)
     async with (
-        FakeGaneti(tls=False) as fake,
+        FakeGaneti(tls=False, version=testbed.series) as fake,
         RapiClient(fake.url, username=fake.username, password=fake.password) as client,
     ):
         on_fake = await steps(client, run)

@@ -1,4 +1,4 @@
-"""The RAPI client against a real Ganeti 3.0 cluster (scripts/ganeti-testbed up).
+"""The RAPI client against a real Ganeti cluster, 3.0 or 3.1 (scripts/ganeti-testbed up [--version 3.1]).
 
 Skipped with a reason where no cluster runs (a laptop without root); in CI these
 tests must run, and the ``testbed`` fixture fails instead of skipping.
@@ -24,18 +24,16 @@ from synnefo_ganeti import (
     RetryPolicy,
     TLSError,
 )
-from tests.integration._testbed import client, name, spec
+from tests.integration._testbed import client, name, ns, spec
 
 pytestmark = [pytest.mark.ganeti, pytest.mark.timeout(300)]
-
-TESTBED = Path(__file__).parents[2] / "scripts" / "ganeti-testbed"
 
 
 async def test_cluster_calls(testbed) -> None:
     async with client(testbed) as rapi:
         assert await rapi.version() == 2
         info = await rapi.info()
-        assert info.name == "cluster.ganeti.test" and "fake" in info.enabled_hypervisors
+        assert info.name == testbed.cluster and "fake" in info.enabled_hypervisors
         assert "instance-create-reqv1" in await rapi.features()
         nodes = await rapi.list_nodes()
         assert testbed.node in [n.name for n in nodes]
@@ -152,7 +150,7 @@ async def test_unknown_and_archived_jobs(testbed) -> None:
             await rapi.wait_for_job(987654321)  # Ganeti 3.0: 500 "Can't load job file"
         job_id = await rapi.create_instance(spec(testbed, name("arch")), dry_run=True)
         await rapi.wait_for_job(job_id, timeout=120)
-        archive = await asyncio.create_subprocess_exec(str(TESTBED), "ns", "gnt-job", "archive", str(job_id))
+        archive = await asyncio.create_subprocess_exec(*ns(testbed, "gnt-job", "archive", str(job_id)))
         assert await archive.wait() == 0
         assert job_id not in [j.id for j in await rapi.list_jobs()]
         archived = await rapi.get_job(job_id)  # still answered, from the archive

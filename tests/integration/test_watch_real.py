@@ -1,6 +1,6 @@
 """The queue watcher and the store against the real Ganeti testbed (scripts/ganeti-testbed up).
 
-A QueueWatcher follows /var/lib/ganeti/queue into a fresh store (SQLite and PostgreSQL)
+A QueueWatcher follows the testbed's queue (SYNNEFO_GANETI_TEST_QUEUE) into a fresh store (SQLite and PostgreSQL)
 while jobs are submitted through RAPI; what the store holds is compared with what RAPI
 says of the same jobs. Skipped with a reason where no cluster runs; in CI these tests
 must run (the ``testbed`` fixture fails instead of skipping).
@@ -18,7 +18,7 @@ from synnefo_ganeti import Job, JobStatus, NotFoundError, RapiClient
 from synnefo_ganeti.store import Store, StoredEvent, StoredJob
 from synnefo_ganeti.watch import QueueWatcher
 from tests.helpers import eventually
-from tests.integration._testbed import BACKEND, DEADLINE, TESTBED, client, name, spec, watching
+from tests.integration._testbed import BACKEND, DEADLINE, client, name, ns, spec, watching
 
 pytestmark = [pytest.mark.ganeti, pytest.mark.timeout(180)]
 
@@ -106,9 +106,9 @@ async def remove_leftovers(rapi: RapiClient, names: list[str]) -> None:
         await rapi.wait_for_job(await rapi.delete_instance(instance), timeout=120)
 
 
-async def archive(job_id: int) -> None:
+async def archive(testbed, job_id: int) -> None:
     process = await asyncio.create_subprocess_exec(
-        str(TESTBED), "ns", "gnt-job", "archive", str(job_id), stdout=asyncio.subprocess.PIPE
+        *ns(testbed, "gnt-job", "archive", str(job_id)), stdout=asyncio.subprocess.PIPE
     )
     out, _ = await process.communicate()
     assert process.returncode == 0, out
@@ -160,7 +160,7 @@ async def test_watcher_follows_an_instance_lifecycle(testbed, db_url) -> None:
                 # archive: the stored job keeps its final state, and is marked archived
                 shutdown = await store.get_job(BACKEND, ids["shutdown"])
                 assert shutdown is not None and not shutdown.archived
-                await archive(ids["shutdown"])
+                await archive(testbed, ids["shutdown"])
 
                 async def is_archived() -> bool:
                     job = await store.get_job(BACKEND, ids["shutdown"])
@@ -198,7 +198,7 @@ async def test_watcher_catches_up_after_a_restart(testbed, db_url) -> None:
         missed_id = await rapi.create_instance(spec(testbed, name("wdry")), dry_run=True)
         missed_job = await rapi.wait_for_job(missed_id, timeout=DEADLINE)
         assert missed_job.status is JobStatus.SUCCESS
-        await archive(first_id)
+        await archive(testbed, first_id)
 
         async with Store(db_url) as store:
             assert await store.get_job(BACKEND, missed_id) is None
