@@ -116,7 +116,7 @@ v31_host_tools() {
   command -v apt-get >/dev/null || fail "no apt-get: the 3.1 testbed needs a Debian machine"
   say "installing on the machine:$need"
   ls /var/lib/apt/lists/ 2>/dev/null | grep '_Packages' >/dev/null || apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $need >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends $need >/dev/null
 }
 
 # v31_chroot: debootstrap into $V31_ROOT.new, renamed when it succeeded (an interrupted run never leaves
