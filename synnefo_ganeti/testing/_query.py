@@ -29,6 +29,7 @@ field is ``RS_UNKNOWN`` 1 with ``null``, its kind ``unknown``). ``opstart`` is e
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections.abc import Callable
@@ -340,10 +341,37 @@ def query(cluster: FakeCluster, resource: str, fields: list[str], qfilter: Any =
 async def answer_query(cluster: FakeCluster, resource: str, fields: list[str], qfilter: Any = None) -> bytes:
     """:func:`query_json`, once Ganeti would have read the live data the fields need: a crashed
     node makes that wait its RPC timeout (``_node_faults.wait_for_live_data``)."""
+    if cluster.model.version.posix_regex:
+        _refuse_perl_groups(resource, fields, qfilter)
     live = _LIVE_BY_RESOURCE.get(resource, frozenset())
     if any(name in live for name in fields):
         await wait_for_live_data(cluster)
     return query_json(cluster, resource, fields, qfilter)
+
+
+def _patterns(qfilter: Any) -> list[str]:
+    if not isinstance(qfilter, list) or not qfilter:
+        return []
+    op, *args = qfilter
+    if op in ("&", "|", "!"):
+        return [pattern for arg in args for pattern in _patterns(arg)]
+    return [str(args[1])] if op == "=~" and len(args) == 2 else []
+
+
+def _refuse_perl_groups(resource: str, fields: list[str], qfilter: Any) -> None:
+    """Ganeti 3.1's luxid (``Text.Regex.TDFA``) fails the whole query on a ``(?`` in a pattern: a
+    502 whose message quotes the request and the parser's complaint (as the 3.1 lab answered)."""
+    for pattern in _patterns(qfilter):
+        at = pattern.find("(?")
+        if at < 0:
+            continue
+        request = json.dumps([resource, fields, qfilter])
+        message = (
+            f"Failed to parse request: Cannot convert value '{request}', error: parseRegex for "
+            f'Text.Regex.TDFA.String failed:"{pattern}" (line 1, column {at + 2}):\nunexpected "?"\n'
+            "expecting empty () or anchor ^ or $ or an atom"
+        )
+        raise HTTPError(502, html.escape(message, quote=True))
 
 
 def query_json(cluster: FakeCluster, resource: str, fields: list[str], qfilter: Any = None) -> bytes:

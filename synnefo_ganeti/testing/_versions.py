@@ -75,6 +75,9 @@ class VersionProfile:
     network_rename: bool = False
     #: error messages as Python 2's ganeti-rapi writes them (``cgi.escape``, 2's reprs)
     python2: bool = False
+    #: query filters' ``=~`` patterns are POSIX (``Text.Regex.TDFA``, seen on the 3.1 lab): Perl's
+    #: ``(?...)`` groups are refused with a 502 (3.0's luxid takes them)
+    posix_regex: bool = False
 
     def __repr__(self) -> str:
         return f"<VersionProfile Ganeti {self.software_version}>"
@@ -148,7 +151,7 @@ _V31 = VersionProfile(
                  "OP_INSTANCE_RENAME": {"name_check": False, "ip_check": False},
                  "OP_INSTANCE_SET_PARAMS": {"hotplug": True}},
     op_removed={"OP_INSTANCE_SET_PARAMS": frozenset({"hotplug_if_possible"})},
-    hotplug_falls_back=True, network_rename=True,
+    hotplug_falls_back=True, network_rename=True, posix_regex=True,
 )  # fmt: skip
 
 #: every version the fake can be, by the name the knob takes

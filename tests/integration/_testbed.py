@@ -10,8 +10,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from synnefo_ganeti import InstanceSpec, RapiClient
 from synnefo_ganeti.store import Store
 from synnefo_ganeti.watch import QueueWatcher
@@ -21,21 +19,6 @@ TESTBED = Path(__file__).parents[2] / "scripts" / "ganeti-testbed"
 QUEUE_DIR = Path(os.environ.get("SYNNEFO_GANETI_TEST_QUEUE", "/var/lib/ganeti/queue"))
 BACKEND = "testbed"
 DEADLINE = 60.0  # seconds for a job or an instance to get there (the cluster runs ~2.5 jobs/s)
-
-
-#: a failure on Ganeti 3.1 whose fix is outside the tests (``known_failure``)
-OBSERVER_REGEX_31 = (
-    "Ganeti 3.1 refuses the dispatcher's observer query: PUT /2/query/instance with the filter "
-    "['=~', 'name', '^(?:a|b)$'] answers HTTP 502 'parseRegex for Text.Regex.TDFA.String failed' "
-    "(3.1 matches with regex-tdfa, which has no '(?:'; 3.0's PCRE had), so Ganeti's values (a pool "
-    "IP, a disk's uuid) are never stored: synnefo_ganeti/dispatch/_observe.py, '^(' instead of '^(?:'"
-)
-
-
-def known_failure(request: pytest.FixtureRequest, testbed, series: str, reason: str) -> None:
-    """Mark the running test xfail (strict) on a testbed of ``series``: an XPASS says it got fixed."""
-    if testbed.series == series:
-        request.node.add_marker(pytest.mark.xfail(reason=reason, strict=True))
 
 
 def ns(testbed, *command: str) -> list[str]:

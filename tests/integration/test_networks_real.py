@@ -26,9 +26,7 @@ from tests.helpers import eventually
 from tests.integration._testbed import (
     BACKEND,
     DEADLINE,
-    OBSERVER_REGEX_31,
     client,
-    known_failure,
     name,
     spec,
     watching,
@@ -62,10 +60,7 @@ async def cleanup(rapi: RapiClient, instance: str, network: str) -> None:
         await rapi.wait_for_job(await rapi.delete_network(network), timeout=DEADLINE)
 
 
-async def test_a_network_gives_an_instance_a_pool_address_and_takes_it_back(
-    testbed, db_url: str, request: pytest.FixtureRequest
-) -> None:
-    known_failure(request, testbed, "3.1", OBSERVER_REGEX_31)  # the pool address is never stored
+async def test_a_network_gives_an_instance_a_pool_address_and_takes_it_back(testbed, db_url: str) -> None:
     network = f"cnet-{uuid.uuid4().hex[:6]}"
     instance = name("cnet")
     async with (

@@ -22,7 +22,7 @@ from synnefo_ganeti.config import Settings
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
 from tests.helpers import eventually
-from tests.integration._testbed import BACKEND, OBSERVER_REGEX_31, client, known_failure, spec
+from tests.integration._testbed import BACKEND, client, spec
 from tests.unit.test_dispatcher import running
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -98,8 +98,7 @@ def is_(status: InstanceStatus) -> Callable[[StoredInstance], bool]:
 
 
 @pytest.mark.ganeti
-async def test_operations_on_the_testbed(testbed, db_url, request: pytest.FixtureRequest) -> None:
-    known_failure(request, testbed, "3.1", OBSERVER_REGEX_31)  # the disk's uuid is never stored
+async def test_operations_on_the_testbed(testbed, db_url) -> None:
     diskless, filed, renamed = dop("ops"), dop("disk"), dop("new")
     async with operating(testbed, db_url, [diskless, filed, renamed]) as cp:
         rapi = await cp.client(BACKEND)

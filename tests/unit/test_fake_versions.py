@@ -561,3 +561,18 @@ async def test_the_command_serves_the_version_asked(tmp_path) -> None:
     finally:
         process.terminate()
         assert await asyncio.wait_for(process.wait(), 10) == 0
+
+
+@pytest.mark.parametrize("version", ["3.0", "3.1"])
+async def test_a_perl_group_in_a_query_pattern_is_refused_by_3_1_only(version: str) -> None:
+    """3.1's luxid parses ``=~`` patterns with Text.Regex.TDFA (POSIX): ``(?:`` fails the whole
+    query with a 502 quoting the request; 3.0 takes it. A plain group works on both."""
+    recorded = lab((LAB31 if version == "3.1" else LAB30) / "PUT_query_instance_regex.json")
+    async with started(version) as rapi:
+        status, body = await rapi.call("PUT", "/2/query/instance", recorded["request"])
+        assert status == recorded["perl_group"]["status"]
+        if version == "3.1":
+            assert body == recorded["perl_group"]["body"]  # the same text, the pattern quoted
+        plain = {"fields": ["name"], "qfilter": ["=~", "name", "^(x1\\.g31\\.test|y)$"]}
+        status, _ = await rapi.call("PUT", "/2/query/instance", plain)
+        assert status == 200
