@@ -117,9 +117,13 @@ class RealRun:
             return f"<RealRun {self.label}: not started>"
         return f"<RealRun {self.label}: {'running' if self.status is None else f'exit {self.status}'}>"
 
-    def start(self) -> None:
+    def start(self, *, say: bool = True) -> None:
+        """Start it; ``say=False`` from another thread (its report tells when it started)."""
         self.log = tempfile.NamedTemporaryFile("w+", prefix="real-ganeti-tests-", suffix=".log")  # noqa: SIM115
-        _say(f"real-Ganeti tests on {self.label} started (output: {self.log.name}, printed when they end)")
+        if say:
+            _say(
+                f"real-Ganeti tests on {self.label} started (output: {self.log.name}, printed when they end)"
+            )
         self.started = time.monotonic()
         self.process = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
 
@@ -182,11 +186,12 @@ def main() -> int:
         if mode == "beside":
             runs[1].start()
         elif mode == "after":
+            _say(f"real-Ganeti tests on {runs[1].label}: to start when those on {runs[0].label} have ended")
 
             def after_the_first() -> None:
                 runs[0].wait()
                 if not stopping.is_set():
-                    runs[1].start()
+                    runs[1].start(say=False)  # the units' pytest may be writing to the same stdout
 
             chain = threading.Thread(target=after_the_first, name="3.1 after 3.0", daemon=True)
             chain.start()
