@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import inspect
 import os
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,3 +55,76 @@ def testbed3() -> Testbed3:
             pytest.fail(f"CI must run the real 3-node Ganeti tests: {problem}")
         pytest.skip(problem)
     return Testbed3(bed=with_version(bed), nodes=nodes)
+
+
+# -- which RapiClient methods the real-Ganeti tests called, per cluster (test_zz_surface_coverage.py) ------
+
+RAPI_DOC = Path(__file__).resolve().parents[2] / "docs" / "rapi-client.md"
+#: our methods of the rows of Ganeti 3.1's client that 3.0's lacks (tests/unit/test_rapi_surface_rules.py)
+RAPI_31_ONLY = {"rename_network"}
+
+
+def documented_methods() -> dict[str, str]:
+    """``docs/rapi-client.md``'s table, as tests/unit/test_rapi_surface_rules.py reads it: Ganeti's
+    name of each method (``GetVersion``) and ours (``version``), the 81 of 3.0's client and 3.1's."""
+    section = RAPI_DOC.read_text().split("## Every method of Ganeti's client", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if re.match(r"\|\s*\d+\s*\|", line)]
+    cells = [[cell.strip().strip("`") for cell in row.strip().strip("|").split("|")] for row in rows]
+    return {row[1]: row[3] for row in cells}
+
+
+#: base URL -> the names of the RapiClient methods the tests called on a client of that URL
+RAPI_CALLED: dict[str, set[str]] = defaultdict(set)
+#: the items pytest collected but deselected (``-m``, ``-k``): whether the whole selection ran
+DESELECTED: list[pytest.Item] = []
+_INSIDE = contextvars.ContextVar("_INSIDE", default=False)  # a call made by one of ours is not the test's
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    DESELECTED.extend(items)
+
+
+def _recording(method_name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def note(client: RapiClient) -> bool:
+        if _INSIDE.get():
+            return False
+        RAPI_CALLED[client.url].add(method_name)
+        return True
+
+    if inspect.iscoroutinefunction(original):
+
+        @functools.wraps(original)
+        async def called(self: RapiClient, *args: Any, **kwargs: Any) -> Any:
+            token = _INSIDE.set(True) if note(self) else None
+            try:
+                return await original(self, *args, **kwargs)
+            finally:
+                if token is not None:
+                    _INSIDE.reset(token)
+
+        return called
+
+    @functools.wraps(original)
+    def called_sync(self: RapiClient, *args: Any, **kwargs: Any) -> Any:  # instance_allocation sends nothing
+        token = _INSIDE.set(True) if note(self) else None
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if token is not None:
+                _INSIDE.reset(token)
+
+    return called_sync
+
+
+@pytest.fixture(scope="session", autouse=True)
+def rapi_calls() -> Iterator[dict[str, set[str]]]:
+    """Records, per base URL, which of the table's RapiClient methods the tests called themselves
+    (a call one of them makes inside, e.g. ``wait_for_job`` in ``wait_for_job_completion``, is not
+    counted): test_zz_surface_coverage.py checks the testbed's record after all the others ran."""
+    patch = pytest.MonkeyPatch()
+    for ours in sorted(set(documented_methods().values())):
+        patch.setattr(RapiClient, ours, _recording(ours, getattr(RapiClient, ours)))
+    try:
+        yield RAPI_CALLED
+    finally:
+        patch.undo()
