@@ -75,6 +75,9 @@ def documented_methods() -> dict[str, str]:
 
 #: base URL -> the names of the RapiClient methods the tests called on a client of that URL
 RAPI_CALLED: dict[str, set[str]] = defaultdict(set)
+#: base URL -> method -> the test modules that called it (which one alone covers a method)
+RAPI_CALLED_BY: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+_RUNNING: list[str] = [""]  # the module of the test being set up, run or torn down
 #: the items pytest collected but deselected (``-m``, ``-k``): whether the whole selection ran
 DESELECTED: list[pytest.Item] = []
 _INSIDE = contextvars.ContextVar("_INSIDE", default=False)  # a call made by one of ours is not the test's
@@ -84,11 +87,21 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
     DESELECTED.extend(items)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _RUNNING[0] = Path(str(item.path)).name
+    try:
+        return (yield)
+    finally:
+        _RUNNING[0] = ""
+
+
 def _recording(method_name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def note(client: RapiClient) -> bool:
         if _INSIDE.get():
             return False
         RAPI_CALLED[client.url].add(method_name)
+        RAPI_CALLED_BY[client.url][method_name].add(_RUNNING[0])
         return True
 
     if inspect.iscoroutinefunction(original):

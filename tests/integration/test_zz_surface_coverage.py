@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Testbed
-from tests.integration.conftest import DESELECTED, RAPI_31_ONLY, RAPI_CALLED, documented_methods
+from tests.integration.conftest import (
+    DESELECTED,
+    RAPI_31_ONLY,
+    RAPI_CALLED,
+    RAPI_CALLED_BY,
+    documented_methods,
+)
 
 pytestmark = [pytest.mark.ganeti]
 
@@ -51,6 +57,13 @@ def test_every_rapi_method_the_cluster_serves_was_called_on_it(
         served -= RAPI_31_ONLY
     called = RAPI_CALLED.get(testbed.url.rstrip("/"), set())
     missing = sorted(served - called - NEEDS_NODES)
+    by = RAPI_CALLED_BY.get(testbed.url.rstrip("/"), {})
+    alone: dict[str, list[str]] = {}
+    for method in sorted(served & called):
+        if len(by[method]) == 1:
+            alone.setdefault(next(iter(by[method])), []).append(method)
+    for module, methods in sorted(alone.items()):
+        print(f"called only by {module}: {', '.join(methods)}")
     print(f"\nRAPI coverage on Ganeti {testbed.version} at {testbed.url}: {len(served & called)} of "
           f"{len(served)} methods called; missing: {', '.join(missing) or 'none'}")  # fmt: skip
     assert not missing, (
