@@ -19,7 +19,7 @@ FIELDS = [
 ]  # fmt: skip
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # child processes: slow to start on a loaded machine
 async def test_seed_scenario_every_create_once_and_placement_beats_the_default() -> None:
     # 28 creates on 2 x 7 nodes, a fifth of the times: 0.2 s locked + 0.4 s unlocked per create
     process = await asyncio.create_subprocess_exec(

@@ -143,6 +143,7 @@ async def test_a_create_is_never_duplicated(case: Case) -> None:
 REQUESTS = 6
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 async def test_the_dispatcher_routes_around_a_faulty_backend(case: Case, tmp_path: Path) -> None:
     faulty, healthy = f"faulty-{case.name}", f"healthy-{case.name}"
@@ -220,7 +221,7 @@ async def test_the_dispatcher_routes_around_a_faulty_backend(case: Case, tmp_pat
                         s.mend()
                     return all([(await cp.get_request(rid)).is_final for rid in ids])
 
-                await eventually(all_ended, timeout=20, what="every request to end")
+                await eventually(all_ended, timeout=120, what="every request to end")
                 done = [await cp.get_request(rid) for rid in ids]
             finally:
                 dispatcher.stop()

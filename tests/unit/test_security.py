@@ -25,7 +25,7 @@ from tests._fault_runs import DB_SECRET, RAPI_SECRETS, secret_forms, security_ru
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # child processes: slow to start on a loaded machine
 async def test_a_full_run_shows_no_password_anywhere(pg_url: str, tmp_path: Path) -> None:
     run = await security_run(tmp_path, pg_url)
     commands = run.commands
