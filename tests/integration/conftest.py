@@ -96,35 +96,68 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _RUNNING[0] = ""
 
 
-def _recording(method_name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    def note(client: RapiClient) -> bool:
-        if _INSIDE.get():
-            return False
-        RAPI_CALLED[client.url].add(method_name)
-        RAPI_CALLED_BY[client.url][method_name].add(_RUNNING[0])
-        return True
+def _note(client: RapiClient, method_name: str) -> contextvars.Token[bool] | None:
+    """Records the call unless one of ours made it; the token to reset once it returned."""
+    if _INSIDE.get():
+        return None
+    RAPI_CALLED[client.url].add(method_name)
+    RAPI_CALLED_BY[client.url][method_name].add(_RUNNING[0])
+    return _INSIDE.set(True)
+
+
+def _done(token: contextvars.Token[bool] | None) -> None:
+    if token is not None:
+        _INSIDE.reset(token)
+
+
+class _RecordedStatic:
+    """A static method (``instance_allocation``, which sends nothing): recorded when called on a
+    client, as it is called (``rapi.instance_allocation(...)``); the function itself from the class."""
+
+    def __init__(self, method_name: str, func: Callable[..., Any]) -> None:
+        self.method_name, self.func = method_name, func
+
+    def __get__(self, client: RapiClient | None, owner: type | None = None) -> Callable[..., Any]:
+        if client is None:
+            return self.func
+        func, method_name = self.func, self.method_name
+
+        @functools.wraps(func)
+        def called(*args: Any, **kwargs: Any) -> Any:
+            token = _note(client, method_name)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                _done(token)
+
+        return called
+
+
+def _recording(method_name: str) -> Any:
+    static = inspect.getattr_static(RapiClient, method_name)
+    if isinstance(static, staticmethod):
+        return _RecordedStatic(method_name, static.__func__)
+    original = getattr(RapiClient, method_name)
 
     if inspect.iscoroutinefunction(original):
 
         @functools.wraps(original)
         async def called(self: RapiClient, *args: Any, **kwargs: Any) -> Any:
-            token = _INSIDE.set(True) if note(self) else None
+            token = _note(self, method_name)
             try:
                 return await original(self, *args, **kwargs)
             finally:
-                if token is not None:
-                    _INSIDE.reset(token)
+                _done(token)
 
         return called
 
     @functools.wraps(original)
-    def called_sync(self: RapiClient, *args: Any, **kwargs: Any) -> Any:  # instance_allocation sends nothing
-        token = _INSIDE.set(True) if note(self) else None
+    def called_sync(self: RapiClient, *args: Any, **kwargs: Any) -> Any:
+        token = _note(self, method_name)
         try:
             return original(self, *args, **kwargs)
         finally:
-            if token is not None:
-                _INSIDE.reset(token)
+            _done(token)
 
     return called_sync
 
@@ -136,7 +169,7 @@ def rapi_calls() -> Iterator[dict[str, set[str]]]:
     counted): test_zz_surface_coverage.py checks the testbed's record after all the others ran."""
     patch = pytest.MonkeyPatch()
     for ours in sorted(set(documented_methods().values())):
-        patch.setattr(RapiClient, ours, _recording(ours, getattr(RapiClient, ours)))
+        patch.setattr(RapiClient, ours, _recording(ours))
     try:
         yield RAPI_CALLED
     finally:

@@ -28,6 +28,8 @@ pytestmark = [pytest.mark.ganeti]
 #: methods that need several nodes, not checked on a one-node cluster: none (the moves are called
 #: on one node by test_one_node_moves_real.py, and answered with Ganeti's refusals)
 NEEDS_NODES: set[str] = set()
+#: the table's one method that sends nothing (it builds a multi-alloc entry): no cluster serves it
+SENDS_NOTHING = {"instance_allocation"}
 
 
 def _partial_run(request: pytest.FixtureRequest) -> str | None:
@@ -52,7 +54,7 @@ def test_every_rapi_method_the_cluster_serves_was_called_on_it(
     partial = _partial_run(request)
     if partial is not None:
         pytest.skip(f"not the whole ganeti selection of tests/integration ({partial}): no coverage check")
-    served = set(documented_methods().values())
+    served = set(documented_methods().values()) - SENDS_NOTHING
     if testbed.series == "3.0":
         served -= RAPI_31_ONLY
     called = RAPI_CALLED.get(testbed.url.rstrip("/"), set())
