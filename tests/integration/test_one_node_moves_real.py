@@ -64,6 +64,15 @@ async def run(m: Moves) -> None:
     created = await rapi.create_instance(spec)
     try:
         assert (await m.job("create", created)).status is JobStatus.SUCCESS, m.ended["create"].failure
+        # two reads the record found called by no other real test: the instance's data as a job, and
+        # an ended job's change (answered at once: nothing to wait for)
+        info = await m.job("instance_info", await rapi.get_instance_info(instance, static=True))
+        assert info.status is JobStatus.SUCCESS and info.opresult and instance in info.opresult[0], (
+            info.opresult
+        )
+        change = await rapi.wait_for_job_change(created, ["status"], None, None)
+        assert change is not None and change["job_info"] == ["success"], change
+        m.jobs["wait_for_job_change"] = change
         await m.job("migrate_instance", await rapi.migrate_instance(instance))
         await m.job("failover_instance", await rapi.failover_instance(instance))
         pnode = (await rapi.get_instance(instance)).pnode
@@ -135,5 +144,7 @@ async def test_the_moves_on_the_testbeds_nodes_and_on_a_fake(testbed) -> None:
     # key for key; one difference the shapes let through (a failure is a positional tuple): on one
     # node the real evacuate_node fails with ["OpExecError", [message]], the fake's with
     # ["OpPrereqError", [message, "insufficient_resources"]] (check_evacuate_refusal)
+    for m in (real, ours):  # the instance data is keyed by the instance's name: compare the data
+        m.jobs["instance_info"]["opresult"] = [{"NAME": m.jobs["instance_info"]["opresult"][0][m.instance]}]
     problems = {step: structure_diff(real.jobs[step], ours.jobs[step]) for step in real.jobs}
     assert {step: found for step, found in problems.items() if found} == {}
