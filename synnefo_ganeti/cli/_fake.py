@@ -159,6 +159,11 @@ def fake_ganeti(
         if slow_submit is not None:
             fake.slow_submit(slow_submit, job_after=slow_submit_job_after)
         try:
+            # the signals first: a stop asked while the details are written stops it cleanly
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
             details = {
                 "url": fake.url, "username": fake.username, "password": fake.password, "ca_file": fake.ca_file,
                 "fingerprint": fake.fingerprint, "queue_dir": str(fake.queue_dir), "nodes": nodes,
@@ -171,10 +176,6 @@ def fake_ganeti(
                 for key, value in details.items():
                     table.add_row(key, str(value))
                 stdout().print(table)
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
             await stop.wait()
         finally:
             await fake.stop()

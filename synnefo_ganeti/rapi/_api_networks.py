@@ -63,8 +63,12 @@ class NetworkApi(VersionApi):
             "network6": network6,
             "mac_prefix": mac_prefix,
             "add_reserved_ips": _list_or_none(add_reserved_ips, "add_reserved_ips"),
-            "tags": _list_or_none(tags, "tags"),
         }
+        # Ganeti's own client sends "tags": null, which 3.1 refuses (400: "Parameter
+        # 'OP_NETWORK_ADD.tags' fails validation", seen on the 3.1 lab): no tags, no key
+        named_tags = _list_or_none(tags, "tags")
+        if named_tags is not None:
+            body["tags"] = named_tags
         query = query_args(dry_run=dry_run, reason=reason)
         return await self._write_job("POST", "/2/networks", body, query)
 

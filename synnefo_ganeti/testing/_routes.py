@@ -85,6 +85,8 @@ class Surface:
 
     def _submit(self, request: web.Request, ops: list[tuple[str, dict[str, Any]]], resource: str) -> int:
         """Submit; an op's ``dry_run`` is the ``dry-run`` flag where given as static, else unset."""
+        for refusal in filter(None, (self.cluster.model.version.refusal(*op) for op in ops)):
+            raise HTTPError(400, refusal)  # FillOpcode: what this version's opcode does not take
         reason = request.query.get("reason")
         prepared = [(op_id, {"dry_run": None} | params) for op_id, params in ops]
         return self.cluster.submit(prepared, resource=resource, dry_run=False, user_reason=reason)

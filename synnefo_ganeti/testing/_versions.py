@@ -42,6 +42,7 @@ only for a running instance and never failing, ``R_2_networks_name_rename`` and
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,8 @@ class VersionProfile:
     op_defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: parameters the opcode does not have (a body naming one: 400, as ``FillOpcode``)
     op_removed: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: parameters that may not be null (a body with one null: 400 "fails validation")
+    op_not_null: dict[str, frozenset[str]] = field(default_factory=dict)
     #: ``LUInstanceSetParams._CheckHotplug`` as 3.1: only for a running instance, never fatal
     hotplug_falls_back: bool = False
     #: ``PUT /2/networks/NAME/rename`` (``OP_NETWORK_RENAME``) exists
@@ -122,6 +125,9 @@ class VersionProfile:
                 cls = "Op" + "".join(word.capitalize() for word in op_id.removeprefix("OP_").split("_"))
                 support = f"doesn&#x27;t support the parameter &#x27;{key}&#x27;"
                 return f"Invalid body parameters: Object {cls} {support}"
+            if params[key] is None and key in self.op_not_null.get(op_id, frozenset()):
+                text = f"Invalid body parameters: (\"Parameter '{op_id}.{key}' fails validation\", 'wrong_input')"
+                return html.escape(text, quote=True)
         return None
 
     def message(self, text: str) -> str:
@@ -151,6 +157,7 @@ _V31 = VersionProfile(
                  "OP_INSTANCE_RENAME": {"name_check": False, "ip_check": False},
                  "OP_INSTANCE_SET_PARAMS": {"hotplug": True}},
     op_removed={"OP_INSTANCE_SET_PARAMS": frozenset({"hotplug_if_possible"})},
+    op_not_null={"OP_NETWORK_ADD": frozenset({"tags"})},  # seen on the 3.1 lab (3.0 takes null)
     hotplug_falls_back=True, network_rename=True, posix_regex=True,
 )  # fmt: skip
 

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import click
@@ -213,6 +214,10 @@ class _StubFake:
         self.ca_file = "/tmp/ca.pem"
         self.fingerprint = FINGERPRINT
         self.queue_dir = "/tmp/queue"
+        self.version = "3.0"
+        self.cluster = SimpleNamespace(
+            model=SimpleNamespace(version=SimpleNamespace(software_version="3.0.2"))
+        )
 
     async def start(self) -> None:
         # the command installs its SIGTERM handler before it awaits anything after start()

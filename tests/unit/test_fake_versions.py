@@ -576,3 +576,19 @@ async def test_a_perl_group_in_a_query_pattern_is_refused_by_3_1_only(version: s
         plain = {"fields": ["name"], "qfilter": ["=~", "name", "^(x1\\.g31\\.test|y)$"]}
         status, _ = await rapi.call("PUT", "/2/query/instance", plain)
         assert status == 200
+
+
+@pytest.mark.parametrize("version", ["3.0", "3.1"])
+async def test_a_network_with_null_tags_is_refused_by_3_1_only(version: str) -> None:
+    """3.1's OP_NETWORK_ADD refuses ``"tags": null`` (which Ganeti's own client sends) with a 400;
+    the RapiClient leaves the key out when there are no tags."""
+    recorded = lab(LAB31 / "POST_networks_null_tags.json")
+    async with started(version) as rapi:
+        status, body = await rapi.call("POST", "/2/networks?dry-run=1", recorded["request"])
+        if version == "3.1":
+            assert (status, body) == (recorded["answer"]["status"], recorded["answer"]["body"])
+        else:
+            assert status == 200 and isinstance(body, int)
+        rest = {k: v for k, v in recorded["request"].items() if k != "tags"}
+        status, _ = await rapi.call("POST", "/2/networks?dry-run=1", rest)
+        assert status == 200
