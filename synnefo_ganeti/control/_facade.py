@@ -39,9 +39,12 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti._backends import BackendResources
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.control._actions import Owns, run_action, submit_refused
+from synnefo_ganeti.control._capacity import CapacityMethods
 from synnefo_ganeti.control._deletes import DeleteFollower, delete_always, follow_deletes
 from synnefo_ganeti.control._lookup import find_instance, resolve_instance
 from synnefo_ganeti.control._networks import NetworkMethods
+from synnefo_ganeti.control._node_moves import NodeMoves
+from synnefo_ganeti.control._nodes import NodeMethods
 from synnefo_ganeti.control._operations import InstanceOperations
 from synnefo_ganeti.control._validate import SpecChecker
 from synnefo_ganeti.errors import (
@@ -72,6 +75,9 @@ log = logging.getLogger("synnefo_ganeti.control")
 class ControlPlane(
     InstanceOperations,  # console, resize, NICs and disks, rename, reinstall, moves, tags, catalog
     NetworkMethods,  # create_network, delete_network, get_network, list_networks (control/_networks.py)
+    NodeMethods,  # nodes, node, drain_node, undrain_node (control/_nodes.py)
+    NodeMoves,  # evacuate_node, failover_node (control/_node_moves.py)
+    CapacityMethods,  # capacity (control/_capacity.py)
 ):
     """One control plane over the backends of ``settings``.
 

@@ -1,0 +1,27 @@
+"""The facade's capacity (how many more instances of a flavor fit, now and keeping N+1): :class:`CapacityMethods`, a base of :class:`~synnefo_ganeti.ControlPlane`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from synnefo_ganeti.rapi import RapiClient
+
+if TYPE_CHECKING:
+    from synnefo_ganeti.config import Settings
+    from synnefo_ganeti.store import Store
+
+__all__ = ["CapacityMethods"]
+
+
+class CapacityMethods:
+    """capacity on the facade (see the module)."""
+
+    if TYPE_CHECKING:
+
+        @property
+        def store(self) -> Store: ...
+
+        @property
+        def settings(self) -> Settings: ...
+
+        async def client(self, backend: str) -> RapiClient: ...
