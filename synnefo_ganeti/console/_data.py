@@ -164,7 +164,8 @@ async def overview(cp: ControlPlane, capacity: Capacity) -> list[BackendFigures]
         figures.append(
             BackendFigures(
                 name=backend.name,
-                health="unknown" if health is None else ("up" if health else "down"),
+                # the store keeps the text "up" or "down" (both truthy): read it as text
+                health=health if health in ("up", "down") else "unknown",
                 health_detail=state.get("health_detail"),
                 drained=backend.drained or bool(state.get("drained")),
                 drained_by="config" if backend.drained else ("operator" if state.get("drained") else None),

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -409,3 +410,41 @@ async def test_an_instance_page_follows_its_jobs(world: World) -> None:
         if f"job {job_id}</a> shutdown" in fragment["html"] and ">STOPPED<" in fragment["html"]:
             break
     stream.close()
+
+
+# -- what the overview says of a backend's health and its node figures ------------------------------
+
+
+async def test_a_backend_stored_down_is_shown_down_and_node_figures_say_as_of_when(tmp_path: Path) -> None:
+    """The store keeps health as the text "up" or "down": a backend the dispatcher found down is shown
+    down (it was shown "up": both texts are truthy), and the node figures carry their time."""
+    users, tokens = write_users(tmp_path)
+    db_url = f"sqlite:///{tmp_path / 'store.db'}"
+    async with FakeGaneti(tls=False, nodes=2) as fake:
+        settings = Settings(
+            database={"url": db_url},
+            backends=[
+                {"name": "alpha", "url": fake.url, "username": fake.username, "password": fake.password},
+                {"name": "beta", "url": fake.url, "username": fake.username, "password": fake.password},
+            ],
+            web={"users_file": str(users), "tokens_file": str(tokens), "secure_cookies": False},
+        )
+        async with Store(db_url) as store:
+            await store.set_backend_health("alpha", False, detail="connection refused")
+            await store.set_backend_health("beta", True)
+            console = Console(settings, store=store, capacity_interval=0.2, live_interval=0.05)
+            client = TestClient(TestServer(console.build()))
+            await client.start_server()
+            try:
+                await login(client, "bob")
+                await eventually(lambda: "beta" in console.capacity.totals, what="node stats")
+                page = await (await client.get("/")).text()
+            finally:
+                await client.close()
+    alpha = page.split('id="backend-alpha"', 1)[1].split("</section>", 1)[0]
+    beta = page.split('id="backend-beta"', 1)[1].split("</section>", 1)[0]
+    assert 'data-health="down"' in alpha and ">down</span>" in alpha and "connection refused" in alpha
+    assert 'data-health="up"' in beta and ">up</span>" in beta
+    at = console.capacity.totals["beta"].at
+    stamp = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    assert f"as of {stamp} UTC" in beta
