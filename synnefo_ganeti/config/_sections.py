@@ -311,6 +311,9 @@ class DispatcherSettings(_Section):
     webhook: str | None = None
     #: seconds between node-stats refreshes of a backend (also refreshed after placements run)
     stats_interval: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    #: seconds between the dispatcher's reports of itself in the database (alive, root tasks,
+    #: claims and queue per backend: what a console or CLI of its own reads); 3 missed: not alive
+    report_interval: float = Field(default=5.0, gt=0, allow_inf_nan=False)
     #: creates in flight to one backend at once (Ganeti's RAPI serves 20 clients)
     submit_concurrency: int = Field(default=8, ge=1, le=20)
     #: RAPI /wait long-polls at once per backend, for backends without a local queue_dir

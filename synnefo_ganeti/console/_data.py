@@ -4,7 +4,9 @@
 one task per process every ``interval`` seconds (and at once after an action), so a
 viewer never makes the console call Ganeti. :class:`Reports` keeps the last reconcile
 report of each backend: the console's own passes and, inside the dispatcher, the
-dispatcher's. :func:`overview` puts a backend's figures together.
+dispatcher's; :func:`last_reports` adds those a dispatcher of another process stored
+(``StatusStore``), and :func:`dispatchers` reads the dispatchers' own reports, so that a ``web``
+of its own sees them. :func:`overview` puts a backend's figures together.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from typing import Any
 from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.jobs import JobStatus
-from synnefo_ganeti.reconcile import BackendReport, Report
-from synnefo_ganeti.store import RequestStatus
+from synnefo_ganeti.reconcile import BackendReport, Drift, DriftKind, Report
+from synnefo_ganeti.store import DispatcherReport, RequestStatus, StatusStore
 
-__all__ = ["BackendFigures", "Capacity", "NodeTotals", "Reports", "overview"]
+__all__ = ["BackendFigures", "Capacity", "NodeTotals", "Reports", "dispatchers", "last_reports", "overview"]
 
 log = logging.getLogger("synnefo_ganeti.console")
 
@@ -183,3 +185,50 @@ async def unplaced(cp: ControlPlane) -> int:
     """Requests pending and not placed on any backend yet."""
     counts = await cp.store.request_counts(status=[RequestStatus.PENDING])
     return counts.get((None, RequestStatus.PENDING.value), 0)
+
+
+async def last_reports(cp: ControlPlane, reports: Reports) -> dict[str, tuple[BackendReport, datetime, str]]:
+    """Per backend, the newer of this process's last report and the one a dispatcher stored."""
+    merged = dict(reports.last)
+    for name, record in (await StatusStore(cp.store).reconcile_reports()).items():
+        mine = merged.get(name)
+        if mine is None or mine[1] < record.at:
+            merged[name] = (stored_report(name, record.report), record.at, record.by)
+    return merged
+
+
+def stored_report(name: str, data: dict[str, Any]) -> BackendReport:
+    """A backend's report as a dispatcher stored it (``dispatch/_report.py``), for the pages."""
+    drifts = []
+    for item in data.get("drifts") or []:
+        try:
+            kind = DriftKind(item.get("kind"))
+        except ValueError:
+            continue  # a kind a newer version wrote
+        drifts.append(
+            Drift(
+                kind=kind,
+                backend=name,
+                instance=item.get("instance"),
+                detail=str(item.get("detail", "")),
+                fixed=bool(item.get("fixed")),
+                error=item.get("error"),
+            )
+        )
+    return BackendReport(
+        name=name,
+        ok=bool(data.get("ok")),
+        error=data.get("error"),
+        drifts=drifts,
+        duration=float(data.get("duration") or 0.0),
+        observed=int(data.get("observed") or 0),
+        settled=int(data.get("settled") or 0),
+        marked=int(data.get("marked") or 0),
+    )
+
+
+async def dispatchers(cp: ControlPlane) -> list[DispatcherReport]:
+    """The dispatchers' own reports: the alive ones first, then the newest start."""
+    found = await StatusStore(cp.store).dispatchers()
+    now = datetime.now(UTC)
+    return sorted(found, key=lambda d: (not d.alive(now), -d.started_at.timestamp()))

@@ -18,7 +18,7 @@ import aiohttp_jinja2
 from aiohttp import web
 
 from synnefo_ganeti.console._auth import page
-from synnefo_ganeti.console._data import Capacity, Reports, overview, unplaced
+from synnefo_ganeti.console._data import Capacity, Reports, dispatchers, last_reports, overview, unplaced
 from synnefo_ganeti.console._live import Dirty, Fragment
 from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.errors import ConfigError, NotFoundError
@@ -83,6 +83,8 @@ class Views:
         return {
             "backends": await overview(cp, self.capacity),
             "unplaced": await unplaced(cp),
+            "dispatchers": await dispatchers(cp),
+            "now": datetime.now(UTC),
             "page": "overview",
         }
 
@@ -206,12 +208,13 @@ class Views:
         return {"job": job, "events": events, "progress": _progress}
 
     async def drift_page(self, request: web.Request) -> web.Response:
-        return page("drift.html", request, {"page": "drift", **self._drift_context()})
+        return page("drift.html", request, {"page": "drift", **await self._drift_context()})
 
-    def _drift_context(self) -> dict[str, Any]:
+    async def _drift_context(self) -> dict[str, Any]:
+        cp = self._cp()
         return {
-            "backends": [b.name for b in self._cp().settings.backends],
-            "reports": self.reports.last,
+            "backends": [b.name for b in cp.settings.backends],
+            "reports": await last_reports(cp, self.reports),
             "fixes": [fix.value for fix in Fix],
             "fix_of": {fix.kind.value: fix.value for fix in Fix},
             "orphan": DriftKind.ORPHAN.value,
@@ -304,7 +307,7 @@ class Views:
                 self._fragment("overview", "overview", "_overview.html", await self._overview_context())
             )
         if "drift" in topics and ("drift", "") in dirty:
-            out.append(self._fragment("drift", "drift", "_drift.html", self._drift_context()))
+            out.append(self._fragment("drift", "drift", "_drift.html", await self._drift_context()))
         if "events" in topics and ("overview", "") in dirty:
             events = await store.backend_events(limit=500)
             out.append(self._fragment("events", "events", "_events.html", {"events": events, "backend": ""}))

@@ -65,6 +65,7 @@ from synnefo_ganeti.dispatch._base import DispatcherStats, _replace
 from synnefo_ganeti.dispatch._follow import FOLLOW_TASK
 from synnefo_ganeti.dispatch._liveness import DispatcherLock
 from synnefo_ganeti.dispatch._observe import Observer
+from synnefo_ganeti.dispatch._report import REPORT_TASK, SelfReport
 from synnefo_ganeti.dispatch._submitter import Submitter
 from synnefo_ganeti.dispatch._webhook import WebhookDeliverer
 from synnefo_ganeti.errors import GanetiError, StoreError
@@ -89,6 +90,7 @@ ROOT_TASKS = (
     "dispatch metrics",
     "dispatch follow jobs",
     "dispatch observer",
+    REPORT_TASK,
     "dispatch liveness lock",
     "dispatch watchdog",
     "dispatch webhook",
@@ -106,6 +108,8 @@ class Dispatcher(Submitter):
 
     #: stores Ganeti's values of instances after their creates and modifies (set on start)
     observer: Observer | None = None
+    #: writes the dispatcher's report of itself and its reconcile reports in the database (set on start)
+    self_report: SelfReport | None = None
 
     # -- life ------------------------------------------------------------------------------------
 
@@ -176,6 +180,8 @@ class Dispatcher(Submitter):
         supervisor.start("dispatch deletes", self._deletes_loop())
         supervisor.start(FOLLOW_TASK, self._recorded_jobs().run())  # jobs other processes record
         supervisor.start("dispatch observer", observer.run())
+        self.self_report = SelfReport(self)  # what a console of its own reads (dispatch/_report.py)
+        supervisor.start(REPORT_TASK, self.self_report.run())
         if self.store.dialect == "postgresql":
             supervisor.start("dispatch liveness lock", self._lock_loop())
         if self.notifier.watchdog_interval() is not None:
@@ -284,6 +290,9 @@ class Dispatcher(Submitter):
                 released = await self.store.release_requests(self.id)
                 if released:
                     log.info("gave back %d requests not placed yet", released)
+            if self.self_report is not None:
+                with contextlib.suppress(GanetiError):
+                    await self.self_report.write(stopped=True)
             with contextlib.suppress(Exception):
                 await self.store.flush()
 
@@ -359,6 +368,8 @@ class Dispatcher(Submitter):
             self.stats.reconcile_passes += 1
             for listener in self.on_reconcile:
                 listener(report)
+            if self.self_report is not None:
+                await self.self_report.reconciled(report)
             level = logging.INFO if report.clean else logging.WARNING
             log.log(level, "reconcile pass: %s", report.summary())
         except Exception:

@@ -27,6 +27,7 @@ from synnefo_ganeti.store._settle import (
     is_job_death_error,
     is_name_taken_error,
 )
+from synnefo_ganeti.store._status import AuditRecord, DispatcherReport, ReconcileRecord, StatusStore
 from synnefo_ganeti.store._store import (
     CommitInfo,
     JobVersion,
@@ -41,6 +42,10 @@ from synnefo_ganeti.store._store import (
 from synnefo_ganeti.store._urls import display_url, normalize_url
 
 __all__ = [
+    "AuditRecord",
+    "DispatcherReport",
+    "ReconcileRecord",
+    "StatusStore",
     "OBSERVED_FIELDS",
     "Change",
     "CommitInfo",

@@ -106,6 +106,53 @@ class Backend(Base):
     health: Mapped[str | None] = mapped_column(String(8))
     health_at: Mapped[datetime | None]
     health_detail: Mapped[str | None] = mapped_column(Text)
+    #: the last reconcile pass over it: when, by which dispatcher, its report (migration 0013)
+    reconciled_at: Mapped[datetime | None]
+    reconciled_by: Mapped[str | None] = mapped_column(String(64))
+    reconcile_report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class DispatcherRow(Base):
+    """A dispatcher as it last reported itself (migration 0013): a separate console or CLI reads
+    whether it is alive (``heartbeat_at`` recent, ``stopped_at`` None), its root tasks, its claims
+    and queue per backend."""
+
+    __tablename__ = "dispatchers"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime]
+    heartbeat_at: Mapped[datetime]
+    #: how often it reports (seconds): older than a few of these, it is taken for dead
+    interval: Mapped[float] = mapped_column(Double)
+    #: every root task still running and none failed
+    healthy: Mapped[bool] = mapped_column(Boolean)
+    stopped_at: Mapped[datetime | None]
+    #: {"tasks": [...], "problem": ..., "backends": {name: {...}}, "stats": {...}}
+    state: Mapped[dict[str, Any]]
+
+
+class AuditEntry(Base):
+    """One operator action (migration 0013): who, what, on what, when, which job, how it ended."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_at", "at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    at: Mapped[datetime]
+    #: who: a console user, "cli:USER@HOST", a token's name
+    actor: Mapped[str] = mapped_column(String(255))
+    #: how: "console", "cli", "api"
+    via: Mapped[str] = mapped_column(String(16))
+    action: Mapped[str] = mapped_column(String(64))
+    backend: Mapped[str | None] = mapped_column(String(64))
+    #: the node, instance or request acted on
+    target: Mapped[str | None] = mapped_column(String(255))
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+    #: "ok", "refused", "failed"
+    outcome: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[str | None] = mapped_column(Text)
 
 
 class Instance(Base):

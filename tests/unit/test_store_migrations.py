@@ -36,6 +36,8 @@ TABLES = {
     "feed_cursors",
     "networks",
     "network_backends",
+    "dispatchers",
+    "audit_log",
 }
 
 
