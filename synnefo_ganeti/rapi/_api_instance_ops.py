@@ -107,15 +107,17 @@ class InstanceOpsApi(RapiBase):
         mode: str | None = None,
         cleanup: bool | None = None,
         target_node: str | None = None,
+        iallocator: str | None = None,
         reason: str | None = None,
     ) -> int:
         """Live-migrate an instance (``PUT /2/instances/NAME/migrate``); returns the job id.
 
-        ``mode`` is live or non-live; ``cleanup`` mends a migration that failed half-way.
+        ``mode`` is live or non-live; ``cleanup`` mends a migration that failed half-way;
+        ``iallocator`` (shared storage) picks the target (the body is ``OpInstanceMigrate``'s).
         """
         if mode is not None:
             choice(mode, MIGRATION_MODES, "migration mode")
-        body = some_body(mode=mode, cleanup=cleanup, target_node=target_node)
+        body = some_body(mode=mode, cleanup=cleanup, target_node=target_node, iallocator=iallocator)
         path = self._instance_path(name, "migrate")
         return await self._write_job("PUT", path, body, query_args(reason=reason))
 

@@ -9,9 +9,12 @@ iallocator picks one (``TLMigrateInstance._RunAllocator``; here: the node with t
 memory, as hail's balancing does on equal nodes), or fails as Ganeti 3.0's with no other node.
 Rename and reinstall want the instance down.
 
-A primary node that gives no live data (offline, or crashed: :mod:`._node_faults`): a migration
-cannot ask it whether the instance is migratable (``TLMigrateInstance.CheckPrereq``:
-``Can't migrate, please use failover``, or a fallback to failover with ``allow_failover``); a
+A primary node that gives no live data (offline, or crashed: :mod:`._node_faults`), or an
+instance that does not run there: a migration cannot ask whether the instance is migratable
+(``TLMigrateInstance.CheckPrereq``: ``Can't migrate, please use failover``, with the RPC's error
+or ``backend.GetInstanceMigratable``'s ``Instance <name> is not running``; a fallback to failover
+with ``allow_failover``, at once for an instance marked down). A drained target is refused
+(``CheckNodeNotDrained``: ``Can't use drained node <node>``); a
 failover cannot shut the instance down there (``_ExecFailover``) and goes on only with
 ``ignore_consistency`` or the node offline, with a warning; it then starts the instance on the
 target if it is marked up.
@@ -70,6 +73,8 @@ async def _move(cluster: FakeCluster, job: FakeJob, op: FakeOp, failover: bool) 
     """``TLMigrateInstance.CheckPrereq`` and ``Exec`` for an externally mirrored instance."""
     inst = instance_of(cluster, op)
     target = op.luxid.get("target_node")
+    if not failover and inst.admin_state != "up" and op.luxid.get("allow_failover"):
+        failover = True  # CheckPrereq: "Instance is marked down or offline, fallback allowed"
     if not target and not op.luxid.get("iallocator"):  # CheckArguments: the cluster's default iallocator
         op.resolve(iallocator=cluster.default_iallocator)
     if target:
@@ -100,7 +105,11 @@ async def _move(cluster: FakeCluster, job: FakeJob, op: FakeOp, failover: bool) 
             "OpPrereqError", f"Cannot migrate instance {inst.name} to its primary ({target})", "wrong_state"
         )
     source = cluster.nodes[inst.pnode]
-    if not failover and not source.live:  # call_instance_migratable fails
+    cleanup = bool(op.luxid.get("cleanup"))
+    if not cleanup and cluster.nodes[str(target)].drained:  # CheckNodeNotDrained
+        raise OpFailure("OpPrereqError", f"Can't use drained node {target}", "wrong_state")
+    # call_instance_migratable fails: the node does not answer, or the instance does not run
+    if not failover and not cleanup and (not source.live or not inst.oper_state):
         if op.luxid.get("allow_failover"):
             cluster.log(job, op, " - INFO: Can't migrate, instance offline, fallback to failover")
             failover = True
@@ -109,6 +118,8 @@ async def _move(cluster: FakeCluster, job: FakeJob, op: FakeOp, failover: bool) 
             if source.offline:
                 raise OpFailure("OpPrereqError", f"{what}: Node is marked offline", "wrong_state")
             await check_answers(cluster, source, what, prereq=True, ecode="wrong_state")
+            # backend.GetInstanceMigratable: the hypervisor does not list it
+            raise OpFailure("OpPrereqError", f"{what}: Instance {inst.name} is not running", "wrong_state")
     if not failover and not op.luxid.get("mode"):  # the hypervisor's migration_mode (fake: live)
         op.resolve(mode="live")
     what = f"Failover instance {inst.name}" if failover else f"Migrating instance {inst.name}"
