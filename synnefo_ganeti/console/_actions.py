@@ -1,9 +1,11 @@
 """What an operator can do from the console (POST): reconcile, fix, delete an orphan, drain, cancel.
 
 Every handler first checks the role (a viewer gets a 403), the middleware has checked
-the CSRF token already; each action is logged at WARNING with who did it (and, when it
-is about a backend, stored as that backend's event ``console``), then the browser is
-sent back to the page with a message saying what happened (post/redirect/get).
+the CSRF token already; each action is logged at WARNING with who did it, written to the
+audit log (``StatusStore.audit``: who, what, on what, which job, how it ended, refusals
+too; the page ``/audit``) and, when it is about a backend, stored as that backend's event
+``console``; then the browser is sent back to the page with a message saying what happened
+(post/redirect/get).
 
 Deleting an orphan (an instance Ganeti has, tagged ours, that the database lacks) goes
 behind a confirmation page where the operator types the instance's name; the backend is
@@ -25,6 +27,7 @@ from synnefo_ganeti.console._live import Hub
 from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.errors import ConfigError, ConflictError, GanetiError, NotFoundError
 from synnefo_ganeti.reconcile import DriftKind, Fix, Reconciler, Report
+from synnefo_ganeti.store import StatusStore
 
 __all__ = ["Actions"]
 
@@ -62,10 +65,34 @@ class Actions:
             web.post("/requests/{id}/cancel", self.cancel_request),
         ]
 
-    async def _audit(self, session: Session, what: str, backend: str | None = None) -> None:
+    async def _audit(
+        self,
+        session: Session,
+        what: str,
+        backend: str | None = None,
+        *,
+        action: str,
+        target: str | None = None,
+        job_id: int | None = None,
+        outcome: str = "ok",
+        event: bool = True,
+    ) -> None:
         log.warning("console action by %s (%s): %s", session.user, session.role, what)
         session.flash.append(what)
-        if backend is not None:
+        try:
+            await StatusStore(self._cp().store).audit(
+                session.user,
+                action,
+                via="console",
+                backend=backend,
+                target=target,
+                job_id=job_id,
+                outcome=outcome,
+                detail=what,
+            )
+        except GanetiError as exc:
+            log.warning("console: could not write %s's action to the audit log (%s)", session.user, exc)
+        if backend is not None and event:
             try:
                 await self._cp().store.add_backend_event(backend, "console", f"{session.user}: {what}")
             except GanetiError as exc:
@@ -96,7 +123,12 @@ class Actions:
         name = form.get("backend")
         backends = [self._backend(name)] if isinstance(name, str) and name else None
         report = await self._reconcile(session, backends)
-        await self._audit(session, f"reconcile pass (report only): {report.summary()}")
+        await self._audit(
+            session,
+            f"reconcile pass (report only): {report.summary()}",
+            action="reconcile",
+            target=backends[0] if backends else None,
+        )
         raise web.HTTPSeeOther("/drift")
 
     async def fix_kind(self, request: web.Request) -> web.Response:
@@ -110,7 +142,10 @@ class Actions:
         report = await self._reconcile(session, [backend], frozenset({fix}))
         fixed = sum(1 for drift in report.drifts if drift.fixed)
         await self._audit(
-            session, f"fix {fix.value} on {backend}: {fixed} fixed ({report.summary()})", backend
+            session,
+            f"fix {fix.value} on {backend}: {fixed} fixed ({report.summary()})",
+            backend,
+            action=f"fix-{fix.value}",
         )
         self.capacity.refresh_soon()
         raise web.HTTPSeeOther("/drift")
@@ -140,9 +175,24 @@ class Actions:
         try:
             job_id = await (await self._cp().client(backend)).delete_instance(name)
         except GanetiError as exc:
-            session.flash.append(f"Ganeti refused to delete {name}: {exc}")
+            await self._audit(
+                session,
+                f"Ganeti refused to delete {name}: {exc}",
+                backend,
+                action="delete-orphan",
+                target=name,
+                outcome="refused",
+                event=False,
+            )
             raise web.HTTPSeeOther("/drift") from None
-        await self._audit(session, f"deleted orphan {name} from Ganeti on {backend} (job {job_id})", backend)
+        await self._audit(
+            session,
+            f"deleted orphan {name} from Ganeti on {backend} (job {job_id})",
+            backend,
+            action="delete-orphan",
+            target=name,
+            job_id=job_id,
+        )
         raise web.HTTPSeeOther("/drift")
 
     async def drain(self, request: web.Request) -> web.Response:
@@ -157,7 +207,11 @@ class Actions:
         changed = await self._cp().store.set_backend_drained(backend, drained)
         what = "drained" if drained else "undrained"
         await self._audit(
-            session, f"{what} {backend}" + ("" if changed else f" (it was {what} already)"), backend
+            session,
+            f"{what} {backend}" + ("" if changed else f" (it was {what} already)"),
+            backend,
+            action="backend-drain" if drained else "backend-undrain",
+            target=backend,
         )
         raise web.HTTPSeeOther("/")
 
@@ -169,8 +223,20 @@ class Actions:
         except NotFoundError as exc:
             raise web.HTTPNotFound(text=str(exc)) from None
         except (ConflictError, GanetiError) as exc:
-            session.flash.append(f"request {request_id} not canceled: {exc}")
+            await self._audit(
+                session,
+                f"request {request_id} not canceled: {exc}",
+                action="cancel-request",
+                target=request_id,
+                outcome="refused",
+            )
             raise web.HTTPSeeOther(f"/requests/{request_id}") from None
-        await self._audit(session, f"canceled request {request_id} ({req.instance}): now {req.status.value}")
+        await self._audit(
+            session,
+            f"canceled request {request_id} ({req.instance}): now {req.status.value}",
+            action="cancel-request",
+            target=request_id,
+            job_id=req.job_id,
+        )
         self.hub.mark(("request", request_id))
         raise web.HTTPSeeOther(f"/requests/{request_id}")

@@ -24,7 +24,14 @@ from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.errors import ConfigError, NotFoundError
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.reconcile import DriftKind, Fix
-from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, StoredInstance, StoredJob
+from synnefo_ganeti.store import (
+    InstanceStatus,
+    Request,
+    RequestStatus,
+    StatusStore,
+    StoredInstance,
+    StoredJob,
+)
 
 __all__ = ["AGES", "Views"]
 
@@ -67,6 +74,7 @@ class Views:
             web.get("/jobs/{backend}/{job_id:\\d+}", self.job_page),
             web.get("/drift", self.drift_page),
             web.get("/backend-events", self.events_page),
+            web.get("/audit", self.audit_page),
         ]
 
     def _render(self, template: str, context: dict[str, Any]) -> str:
@@ -236,6 +244,21 @@ class Views:
             "backends": [b.name for b in cp.settings.backends],
         }
         return page("events.html", request, context)
+
+    async def audit_page(self, request: web.Request) -> web.Response:
+        """Every operator action, newest first (of one backend, of one actor)."""
+        cp = self._cp()
+        backend = request.query.get("backend") or None
+        actor = request.query.get("actor") or None
+        entries = await StatusStore(cp.store).audit_log(limit=500, backend=backend, actor=actor)
+        context = {
+            "page": "audit",
+            "entries": entries,
+            "backend": backend or "",
+            "actor": actor or "",
+            "backends": [b.name for b in cp.settings.backends],
+        }
+        return page("audit.html", request, context)
 
     # -- live fragments ----------------------------------------------------------------------
 

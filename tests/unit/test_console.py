@@ -20,7 +20,7 @@ from synnefo_ganeti import ControlPlane
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.console import Console, hash_password, hash_token
 from synnefo_ganeti.dispatch import Dispatcher
-from synnefo_ganeti.store import InstanceStatus, RequestStatus, Store
+from synnefo_ganeti.store import InstanceStatus, RequestStatus, StatusStore, Store
 from synnefo_ganeti.testing import FakeGaneti
 from tests.helpers import eventually, fake_client, spec
 
@@ -112,7 +112,7 @@ async def succeeded_request(world: World, name: str = "vm1.example") -> str:
 
 async def test_nothing_is_served_without_a_login(world: World) -> None:
     client = world.client
-    for path in ("/", "/requests", "/instances", "/jobs", "/drift", "/backend-events"):
+    for path in ("/", "/requests", "/instances", "/jobs", "/drift", "/backend-events", "/audit"):
         response = await client.get(path, allow_redirects=False)
         assert response.status == 303 and response.headers["Location"] == f"/login?next={path}", path
     assert (await client.get("/events?topics=overview")).status == 401
@@ -202,6 +202,7 @@ async def test_every_page_renders_with_real_data_and_no_secret(world: World) -> 
         f"/jobs/alpha/{request.job_id}": ["OP_INSTANCE_CREATE", "success", "Log"],
         "/drift": ["alpha", "no report yet"],
         "/backend-events": ["Backend events"],
+        "/audit": ["Audit log", "no operator action yet"],
     }
     for path, wanted in pages.items():
         response = await world.client.get(path)
@@ -305,6 +306,19 @@ async def test_drain_and_undrain_from_the_overview(world: World) -> None:
     assert await world.store.drained_backends() == {"alpha"}
     await world.client.post("/backends/alpha/undrain", data={"csrf": csrf})
     assert await world.store.drained_backends() == set()
+    # both in the audit log: who, what, on what, how it ended (the newest first)
+    log = await StatusStore(world.store).audit_log()
+    assert [(e.actor, e.via, e.action, e.target, e.outcome) for e in log] == [
+        ("alice", "console", "backend-undrain", "alpha", "ok"),
+        ("alice", "console", "backend-drain", "alpha", "ok"),
+    ]
+    await login(world.client, "bob")  # a viewer reads the log
+    page = await (await world.client.get("/audit")).text()
+    assert page.count('class="audit-row o-ok"') == 2 and 'data-action="backend-drain"' in page
+    assert (
+        "alice" in page
+        and 'data-action="backend-drain"' not in await (await world.client.get("/audit?actor=nobody")).text()
+    )
 
 
 # -- live -------------------------------------------------------------------------------------------
