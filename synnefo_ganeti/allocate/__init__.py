@@ -1,5 +1,6 @@
 """Placement of new instances on backends: credits weighed by how fast each drains, round-robin to
-compare; and, inside a backend, the node (:mod:`._nodes`), never one down or offline (:mod:`._liveness`)."""
+compare; and, inside a backend, the node (:mod:`._nodes`), never one down or offline (:mod:`._liveness`);
+how many more of a flavor fit, now and keeping N+1 (:mod:`._capacity`, after hspace)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,17 @@ from synnefo_ganeti.allocate._addresses import (
     backend_range,
     network_refusals,
     reserved_elsewhere,
+)
+from synnefo_ganeti.allocate._capacity import (
+    LOCAL_STORAGE_TEMPLATES,
+    CapacityNode,
+    Flavor,
+    FlavorCapacity,
+    HostedInstance,
+    capacity_nodes,
+    count_capacity,
+    hosted_instances,
+    policy_refusal,
 )
 from synnefo_ganeti.allocate._catalog import Catalog, check_name, check_numbers, check_spec, refusals
 from synnefo_ganeti.allocate._liveness import NodeChange, NodeLiveness, NodeState, NodeStateName
@@ -32,12 +44,17 @@ from synnefo_ganeti.allocate._placement import Allocator, NoCapacityError, Strat
 from synnefo_ganeti.allocate._views import BackendView, Pending, Requirement, Reservation
 
 __all__ = [
+    "LOCAL_STORAGE_TEMPLATES",
     "MIRRORED_TEMPLATES",
     "Allocator",
     "BackendCatalog",
     "BackendView",
+    "CapacityNode",
     "Catalog",
+    "Flavor",
+    "FlavorCapacity",
     "GroupOffer",
+    "HostedInstance",
     "InstancePolicy",
     "NetworkLink",
     "NetworkOffer",
@@ -56,13 +73,17 @@ __all__ = [
     "Strategy",
     "address_shortage",
     "backend_range",
+    "capacity_nodes",
     "check_name",
     "check_numbers",
     "check_spec",
     "choose_nodes",
     "chooses_nodes",
+    "count_capacity",
+    "hosted_instances",
     "network_refusals",
     "placed_spec",
+    "policy_refusal",
     "refusals",
     "reserved_elsewhere",
 ]
