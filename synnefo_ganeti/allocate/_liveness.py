@@ -31,7 +31,15 @@ from typing import Literal
 
 from synnefo_ganeti.rapi import Node
 
-__all__ = ["NO_FIGURES", "NodeChange", "NodeLiveness", "NodeState", "NodeStateName", "read_state"]
+__all__ = [
+    "NO_FIGURES",
+    "NodeChange",
+    "NodeLiveness",
+    "NodeState",
+    "NodeStateName",
+    "read_state",
+    "usability_changes",
+]
 
 #: the states a node can be out of placement in ("up" is the absence of a record)
 NodeStateName = Literal["down", "offline"]
@@ -145,3 +153,24 @@ class NodeLiveness:
             del self.states[name]
             changes.append(NodeChange(self.backend, name, None, "no longer in the cluster", wall))
         return changes
+
+
+def _usable(node: Node) -> bool:
+    return not node.drained and node.vm_capable is not False
+
+
+def usability_changes(known: Iterable[Node], read: Iterable[Node]) -> tuple[set[str], set[str]]:
+    """Nodes a read shows drained (or not vm_capable) that the ``known`` stats still take for
+    usable, and the reverse: ``(unusable now, usable again)``. An operator's ``gnt-node modify
+    --drained`` between two whole stats reads: the node reads (every health interval) tell it
+    long before the stats do (issue 30: creates sent to a node drained 30 s before, refused)."""
+    before = {node.name: _usable(node) for node in known}
+    left: set[str] = set()
+    back: set[str] = set()
+    for node in read:
+        was = before.get(node.name)
+        if was is True and not _usable(node):
+            left.add(node.name)
+        elif was is False and _usable(node):
+            back.add(node.name)
+    return left, back

@@ -44,7 +44,13 @@ from typing import Literal
 
 from synnefo_ganeti.allocate._addresses import address_shortage
 from synnefo_ganeti.allocate._catalog import refusals
-from synnefo_ganeti.allocate._liveness import NodeChange, NodeLiveness, NodeState, NodeStateName
+from synnefo_ganeti.allocate._liveness import (
+    NodeChange,
+    NodeLiveness,
+    NodeState,
+    NodeStateName,
+    usability_changes,
+)
 from synnefo_ganeti.allocate._nodes import NodeLoad, choose_nodes, node_loads
 from synnefo_ganeti.allocate._views import BackendView, Pending, Requirement, Reservation
 from synnefo_ganeti.errors import NoCapacityError
@@ -373,13 +379,18 @@ class Allocator:
     ) -> list[NodeChange]:
         """A read of every node of ``name`` begun at ``read_at`` (monotonic): nodes without live
         figures (or offline) out of placement, those with them back (read after the last sign
-        against them); the changes. A node back makes the backend due for fresh stats."""
+        against them); the changes. A node back makes the backend due for fresh stats; so does
+        one drained (out of node choice at once) or undrained since the stats."""
         backend = self._backends.get(name)
         if backend is None:
             return []
         now = time.monotonic() if now is None else now
+        nodes = list(nodes)
         changes = backend.liveness.seen(nodes, read_at=read_at, now=now)
-        if any(change.state is None for change in changes):
+        drained, undrained = usability_changes(backend.view.nodes, nodes)
+        for node in drained:
+            backend.full.setdefault(node, read_at)  # until stats read since, which say it
+        if undrained or any(change.state is None for change in changes):
             backend.returned = read_at  # its figures: in the stats of this read, or a later one
         _sync_out(backend)
         return changes
