@@ -17,6 +17,8 @@ from typing import Any
 import aiohttp_jinja2
 from aiohttp import web
 
+from synnefo_ganeti.console._attention import LIMIT as ATTENTION_LIMIT
+from synnefo_ganeti.console._attention import attention
 from synnefo_ganeti.console._auth import page
 from synnefo_ganeti.console._data import Capacity, Reports, dispatchers, last_reports, overview, unplaced
 from synnefo_ganeti.console._live import Dirty, Fragment
@@ -75,6 +77,7 @@ class Views:
             web.get("/drift", self.drift_page),
             web.get("/backend-events", self.events_page),
             web.get("/audit", self.audit_page),
+            web.get("/attention", self.attention_page),
         ]
 
     def _render(self, template: str, context: dict[str, Any]) -> str:
@@ -244,6 +247,11 @@ class Views:
             "backends": [b.name for b in cp.settings.backends],
         }
         return page("events.html", request, context)
+
+    async def attention_page(self, request: web.Request) -> web.Response:
+        """Failed jobs with their messages, instances in error, requests waiting and why."""
+        found = await attention(self._cp())
+        return page("attention.html", request, {"page": "attention", "a": found, "limit": ATTENTION_LIMIT})
 
     async def audit_page(self, request: web.Request) -> web.Response:
         """Every operator action, newest first (of one backend, of one actor)."""

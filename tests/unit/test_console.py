@@ -462,3 +462,38 @@ async def test_a_backend_stored_down_is_shown_down_and_node_figures_say_as_of_wh
     at = console.capacity.totals["beta"].at
     stamp = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
     assert f"as of {stamp} UTC" in beta
+
+
+async def test_needs_attention_shows_failed_jobs_instances_in_error_and_why_requests_wait(
+    world: World,
+) -> None:
+    """A create whose node crashed fails in Ganeti: its job (with Ganeti's message) and its instance
+    (with its last error) are on the page; a request no backend can take says why it waits."""
+    node = sorted(world.fake.cluster.nodes)[-1]
+    world.fake.crash_node(node)
+    _instance, job_id = await world.cp.create_instance(spec("broken.example", pnode=node), backend="alpha")
+
+    async def failed() -> bool:
+        stored = await world.store.get_instance("alpha", "broken.example")
+        return stored is not None and stored.status is InstanceStatus.ERROR
+
+    await eventually(failed, what="the create failed and applied")
+    await world.store.set_backend_drained("alpha", True)  # nowhere to place: the request waits
+    await eventually(lambda: world.dispatcher.allocator.view("alpha").drained, what="the drain seen")
+    request_id = await world.cp.request_instance(spec("waits.example"))
+    world.dispatcher.wake()
+
+    async def waiting() -> bool:
+        return bool((await world.cp.get_request(request_id)).waiting_reason)
+
+    await eventually(waiting, what="the request's waiting reason")
+    await login(world.client, "bob")
+    page = await (await world.client.get("/attention")).text()
+    jobs = page.split('id="failed-jobs"', 1)[1].split("</section>", 1)[0]
+    row = jobs.split(f'data-job="{job_id}"', 1)[1].split("</tr>", 1)[0]
+    assert "OP_INSTANCE_CREATE" in row and "broken.example" in row and node.split(".")[0] in row, row
+    errors = page.split('id="error-instances"', 1)[1].split("</section>", 1)[0]
+    assert 'data-instance="broken.example"' in errors and f"job {job_id}" in errors
+    waits = page.split('id="waiting-requests"', 1)[1].split("</section>", 1)[0]
+    assert f'data-request="{request_id}"' in waits and "drained" in waits
+    assert world.fake.password not in page
