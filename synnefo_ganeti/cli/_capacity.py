@@ -18,7 +18,7 @@ from synnefo_ganeti.cli._options import config_option, json_option, load_setting
 from synnefo_ganeti.cli._output import empty, error, fail, print_json, run, stdout, when
 from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.control._capacity import BackendCapacity
-from synnefo_ganeti.errors import InvalidError, NotFoundError
+from synnefo_ganeti.errors import InvalidError
 from synnefo_ganeti.store import Store
 
 __all__ = ["backends"]
@@ -69,10 +69,7 @@ def backends_capacity(
         async with Store("sqlite://") as store, ControlPlane(settings, store=store) as cp:
             return await cp.capacity(flavors, backends=names or None, template=disk_template)
 
-    try:
-        answers = run(read())
-    except NotFoundError as exc:
-        fail(str(exc), 2)
+    answers = run(read())  # an unknown --backend: "error: unknown backend ...", exit 1
     if as_json:
         print_json({"backends": [answer.to_json() for answer in answers]})
     elif not any(answer.flavors for answer in answers) and not any(answer.error for answer in answers):
