@@ -65,7 +65,7 @@ class Actions:
             web.post("/requests/{id}/cancel", self.cancel_request),
         ]
 
-    async def _audit(
+    async def audit(
         self,
         session: Session,
         what: str,
@@ -123,7 +123,7 @@ class Actions:
         name = form.get("backend")
         backends = [self._backend(name)] if isinstance(name, str) and name else None
         report = await self._reconcile(session, backends)
-        await self._audit(
+        await self.audit(
             session,
             f"reconcile pass (report only): {report.summary()}",
             action="reconcile",
@@ -141,7 +141,7 @@ class Actions:
             raise web.HTTPBadRequest(text=f"unknown fix {kind!r}: one of {', '.join(Fix)}") from None
         report = await self._reconcile(session, [backend], frozenset({fix}))
         fixed = sum(1 for drift in report.drifts if drift.fixed)
-        await self._audit(
+        await self.audit(
             session,
             f"fix {fix.value} on {backend}: {fixed} fixed ({report.summary()})",
             backend,
@@ -175,7 +175,7 @@ class Actions:
         try:
             job_id = await (await self._cp().client(backend)).delete_instance(name)
         except GanetiError as exc:
-            await self._audit(
+            await self.audit(
                 session,
                 f"Ganeti refused to delete {name}: {exc}",
                 backend,
@@ -185,7 +185,7 @@ class Actions:
                 event=False,
             )
             raise web.HTTPSeeOther("/drift") from None
-        await self._audit(
+        await self.audit(
             session,
             f"deleted orphan {name} from Ganeti on {backend} (job {job_id})",
             backend,
@@ -206,7 +206,7 @@ class Actions:
         backend = self._backend(request.match_info["name"])
         changed = await self._cp().store.set_backend_drained(backend, drained)
         what = "drained" if drained else "undrained"
-        await self._audit(
+        await self.audit(
             session,
             f"{what} {backend}" + ("" if changed else f" (it was {what} already)"),
             backend,
@@ -223,7 +223,7 @@ class Actions:
         except NotFoundError as exc:
             raise web.HTTPNotFound(text=str(exc)) from None
         except (ConflictError, GanetiError) as exc:
-            await self._audit(
+            await self.audit(
                 session,
                 f"request {request_id} not canceled: {exc}",
                 action="cancel-request",
@@ -231,7 +231,7 @@ class Actions:
                 outcome="refused",
             )
             raise web.HTTPSeeOther(f"/requests/{request_id}") from None
-        await self._audit(
+        await self.audit(
             session,
             f"canceled request {request_id} ({req.instance}): now {req.status.value}",
             action="cancel-request",

@@ -36,6 +36,7 @@ from synnefo_ganeti.console._actions import Actions
 from synnefo_ganeti.console._auth import SESSION, Auth, Role, page
 from synnefo_ganeti.console._data import Capacity, Reports
 from synnefo_ganeti.console._live import CLOSED, Hub
+from synnefo_ganeti.console._nodes import NodePages
 from synnefo_ganeti.console._views import Views
 from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.dispatch import Dispatcher
@@ -101,6 +102,7 @@ class Console:
         self.views = Views(self.control_plane, self.capacity, self.reports)
         self.hub = Hub(lambda: self.control_plane().store, self.views.render_live, interval=live_interval)
         self.actions = Actions(self.control_plane, self.hub, self.capacity, self.reports)
+        self.nodes = NodePages(self.control_plane, self.actions)  # node pages, drain, evacuate, failover
         self.reports.on_record.append(lambda: self.hub.mark(("drift", "")))
         self.capacity.on_refresh.append(lambda: self.hub.mark(("overview", "")))
         self._capacity_task: asyncio.Task[None] | None = None
@@ -159,6 +161,7 @@ class Console:
                 web.get("/events", self.events),
                 *self.views.routes(),
                 *self.actions.routes(),
+                *self.nodes.routes(),
             ]
         )
         app.on_startup.append(self._start)
@@ -176,6 +179,7 @@ class Console:
         await self.hub.stop()  # the event streams end, so that the server need not wait for them
 
     async def _cleanup(self, app: web.Application) -> None:
+        await self.nodes.work.stop()  # node moves under way: cut off (each job runs on in Ganeti)
         if self._capacity_task is not None:
             self._capacity_task.cancel()
             await asyncio.gather(self._capacity_task, return_exceptions=True)
