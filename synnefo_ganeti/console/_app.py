@@ -35,6 +35,7 @@ from synnefo_ganeti.config import Settings
 from synnefo_ganeti.console._actions import Actions
 from synnefo_ganeti.console._auth import SESSION, Auth, Role, page
 from synnefo_ganeti.console._data import Capacity, Reports
+from synnefo_ganeti.console._instance_actions import InstanceActions
 from synnefo_ganeti.console._live import CLOSED, Hub
 from synnefo_ganeti.console._nodes import NodePages
 from synnefo_ganeti.console._views import Views
@@ -103,6 +104,7 @@ class Console:
         self.hub = Hub(lambda: self.control_plane().store, self.views.render_live, interval=live_interval)
         self.actions = Actions(self.control_plane, self.hub, self.capacity, self.reports)
         self.nodes = NodePages(self.control_plane, self.actions)  # node pages, drain, evacuate, failover
+        self.instance_actions = InstanceActions(self.control_plane, self.actions)  # start ... delete
         self.reports.on_record.append(lambda: self.hub.mark(("drift", "")))
         self.capacity.on_refresh.append(lambda: self.hub.mark(("overview", "")))
         self._capacity_task: asyncio.Task[None] | None = None
@@ -162,6 +164,7 @@ class Console:
                 *self.views.routes(),
                 *self.actions.routes(),
                 *self.nodes.routes(),
+                *self.instance_actions.routes(),
             ]
         )
         app.on_startup.append(self._start)

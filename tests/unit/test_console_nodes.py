@@ -173,3 +173,55 @@ async def test_a_dead_node_is_failed_over_only_with_its_name_typed(lab: Lab) -> 
     assert stored is not None and stored.pnode in (N1, N2)
     page = await (await lab.client.get(f"/nodes/alpha/{N3}")).text()
     assert 'id="role">offline<' in page
+
+
+async def test_an_operator_acts_on_an_instance_from_its_page_and_a_viewer_cannot(lab: Lab) -> None:
+    await made(lab, "act.example", N2)
+    stored = await lab.store.get_instance("alpha", "act.example")
+    assert stored is not None
+    path = f"/instances/{stored.id}"
+
+    async def settled(status: InstanceStatus) -> bool:
+        now = await lab.store.get_instance("alpha", "act.example")
+        return now is not None and now.status is status and now.task is None
+
+    await login(lab.client, "bob")
+    page = await (await lab.client.get(path)).text()
+    assert 'id="instance-stop"' in page and f'href="/nodes/alpha/{N2}"' in page
+    csrf = page.split('name="csrf-token" content="', 1)[1].split('"', 1)[0]
+    assert (await lab.client.post(f"{path}/stop", data={"csrf": csrf})).status == 403
+    assert (
+        "disabled"
+        in (await (await lab.client.get(f"{path}/delete")).text()).split('id="confirm-delete"', 1)[1][:40]
+    )
+
+    csrf = await login(lab.client, "alice")
+    for action, status in (("stop", InstanceStatus.STOPPED), ("start", InstanceStatus.STARTED)):
+        page = await (await lab.client.post(f"{path}/{action}", data={"csrf": csrf})).text()
+        assert f"{action} of act.example on alpha sent (job" in page, page
+        await eventually(lambda status=status: settled(status), what=f"after {action}")
+    await lab.client.post(f"{path}/reboot", data={"csrf": csrf})
+    await eventually(lambda: settled(InstanceStatus.STARTED), what="after the reboot")
+    await lab.client.post(f"{path}/migrate", data={"csrf": csrf})
+
+    async def migrated() -> bool:
+        now = await lab.store.get_instance("alpha", "act.example")
+        return now is not None and now.task is None and now.pnode not in (None, N2)
+
+    await eventually(migrated, what="the migration's end")
+    wrong = await lab.client.post(f"{path}/reinstall", data={"csrf": csrf, "confirm": "nope"})
+    assert "not done: type the instance" in await wrong.text()
+    await lab.client.post(f"{path}/reinstall", data={"csrf": csrf, "confirm": "act.example"})
+    await eventually(lambda: settled(InstanceStatus.STARTED), what="after the reinstall")
+    await lab.client.post(f"{path}/delete", data={"csrf": csrf, "confirm": "act.example"})
+    await eventually(lambda: settled(InstanceStatus.DESTROYED), what="the delete")
+    assert "act.example" not in lab.fake.cluster.instances
+    log = [(e.action, e.outcome, e.job_id is not None) for e in await StatusStore(lab.store).audit_log()]
+    assert log == [
+        ("instance-delete", "ok", True),
+        ("instance-reinstall", "ok", True),
+        ("instance-migrate", "ok", True),
+        ("instance-reboot", "ok", True),
+        ("instance-start", "ok", True),
+        ("instance-stop", "ok", True),
+    ]
