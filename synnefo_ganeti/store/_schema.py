@@ -155,6 +155,69 @@ class AuditEntry(Base):
     detail: Mapped[str | None] = mapped_column(Text)
 
 
+class IncidentRow(Base):
+    """Something wrong the dispatcher found and, where policy allows, repaired (migration 0014):
+    a node down, an instance stopped or in error while it should run, a migration that left it
+    stopped. Open while ``closed_at`` is None; ``action`` and ``job_id`` the repair sent."""
+
+    __tablename__ = "incidents"
+    __table_args__ = (
+        Index("ix_incidents_backend_closed_at", "backend", "closed_at"),
+        Index("ix_incidents_opened_at", "opened_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    #: "node-down", "instance-stopped", "instance-error", "migration-stopped"
+    kind: Mapped[str] = mapped_column(String(32))
+    backend: Mapped[str] = mapped_column(String(64))
+    node: Mapped[str | None] = mapped_column(String(255))
+    instance: Mapped[str | None] = mapped_column(String(255))
+    opened_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    #: the repair chosen: "start", "migrate", "failover", "fence", or None (report only)
+    action: Mapped[str | None] = mapped_column(String(32))
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+    closed_at: Mapped[datetime | None]
+    #: how it ended: "repaired", "resolved" (it went away), "failed", "report-only"
+    outcome: Mapped[str | None] = mapped_column(String(32))
+    detail: Mapped[str | None] = mapped_column(Text)
+
+
+class MaintenanceRun(Base):
+    """A rolling maintenance of one backend (migration 0014): its plan (groups of nodes), where it
+    is (group, node, phase), so that a run killed resumes where it was; one running per backend."""
+
+    __tablename__ = "maintenance_runs"
+    __table_args__ = (
+        Index(
+            "ix_maintenance_runs_one_running",
+            "backend",
+            unique=True,
+            postgresql_where=text("status = 'running'"),
+            sqlite_where=text("status = 'running'"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    backend: Mapped[str] = mapped_column(String(64))
+    #: "running", "done", "failed", "canceled"
+    status: Mapped[str] = mapped_column(String(16))
+    #: the operator's command, run with each node's name ({node})
+    command: Mapped[str] = mapped_column(Text)
+    #: {"groups": [[node, ...], ...], ...}
+    plan: Mapped[dict[str, Any]]
+    #: {"group": i, "node": name, "phase": "drain" | "evacuate" | "command" | "wait" | "undrain", ...}
+    position: Mapped[dict[str, Any]]
+    #: who started it (a user, "cli:USER@HOST") and which process runs it now, last seen when
+    started_by: Mapped[str] = mapped_column(String(255))
+    owner: Mapped[str | None] = mapped_column(String(64))
+    heartbeat_at: Mapped[datetime | None]
+    started_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    error: Mapped[str | None] = mapped_column(Text)
+
+
 class Instance(Base):
     """A virtual machine this control plane knows of; its ``status`` follows job events.
 

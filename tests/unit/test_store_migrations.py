@@ -38,6 +38,8 @@ TABLES = {
     "network_backends",
     "dispatchers",
     "audit_log",
+    "incidents",
+    "maintenance_runs",
 }
 
 
