@@ -16,7 +16,8 @@ too seldom to notice. So this mixin adds three signs, each acted on at once in t
   it as offline: :func:`~synnefo_ganeti.store.node_fault`) marks it at once, from the writer's
   ``on_commit`` (:meth:`_note_node_faults`, which never blocks; the submitter calls it). A node
   refused as drained or not vm_capable is left out of node choice until the next stats, which
-  say so themselves.
+  say so themselves; so is one the node read shows drained (``gnt-node modify --drained`` behind
+  the dispatcher's back) while the stats still take it for usable, and the stats are read at once.
 
 What the allocator decides is written for the other processes (and ``backends show``) by the
 same root task: each backend's nodes in ``backend_nodes`` (state, since, the first sign) after

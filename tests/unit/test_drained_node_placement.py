@@ -7,8 +7,11 @@ from __future__ import annotations
 from collections import Counter
 
 from synnefo_ganeti import ControlPlane, RapiClient
+from synnefo_ganeti.allocate import Allocator, BackendView
+from synnefo_ganeti.allocate._liveness import usability_changes
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.jobs import JobStatus
+from synnefo_ganeti.rapi import Node
 from synnefo_ganeti.store import RequestStatus, Store
 from tests.helpers import eventually, spec
 from tests.unit.test_dispatcher import backend, fakes, finished, running, settings_for
@@ -86,3 +89,23 @@ async def test_a_node_drained_behind_our_back_leaves_placement_at_the_next_node_
                 lambda: victim in {n.name for n in d.allocator.view("b").usable_nodes},
                 what="the undrained node back in placement",
             )
+
+
+def test_a_node_read_showing_a_node_drained_since_the_stats_takes_it_out_of_node_choice() -> None:
+    usable = [Node(name=n, mtotal=4096, mfree=4096, dtotal=10_000, dfree=10_000) for n in ("n1", "n2")]
+    allocator = Allocator()
+    allocator.update(BackendView(name="b", nodes=usable, stats_at=0.0))
+    drained = [usable[0], usable[1].model_copy(update={"drained": True})]
+    assert usability_changes(usable, drained) == ({"n2"}, set())
+    assert usability_changes(drained, usable) == (set(), {"n2"})
+    allocator.nodes_seen("b", drained, read_at=1.0, now=1.0)
+    assert allocator.full_nodes("b") == {"n2"} and allocator.due_for_refresh(interval=3600, now=1.0) == ["b"]
+    placed = [allocator.place(spec(f"vm{i}.example", memory=128), nodes=True).node for i in range(3)]
+    assert placed == ["n1"] * 3
+    # the stats read after it say so themselves; the node leaves the full set
+    allocator.update(BackendView(name="b", nodes=drained, stats_at=2.0))
+    assert allocator.full_nodes("b") == set() and allocator.due_for_refresh(interval=3600, now=2.0) == []
+    allocator.nodes_seen("b", drained, read_at=3.0, now=3.0)  # read again: nothing new
+    assert allocator.full_nodes("b") == set() and allocator.due_for_refresh(interval=3600, now=3.0) == []
+    allocator.nodes_seen("b", usable, read_at=4.0, now=4.0)  # undrained: due for stats
+    assert allocator.due_for_refresh(interval=3600, now=4.0) == ["b"]
