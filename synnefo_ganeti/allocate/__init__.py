@@ -1,6 +1,7 @@
 """Placement of new instances on backends: credits weighed by how fast each drains, round-robin to
 compare; and, inside a backend, the node (:mod:`._nodes`), never one down or offline (:mod:`._liveness`);
-how many more of a flavor fit, now and keeping N+1 (:mod:`._capacity`, after hspace)."""
+how many more of a flavor fit, now and keeping N+1 (:mod:`._capacity`, after hspace); the groups of
+a rolling maintenance (:mod:`._maintenance`, after hroller)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,14 @@ from synnefo_ganeti.allocate._capacity import (
 )
 from synnefo_ganeti.allocate._catalog import Catalog, check_name, check_numbers, check_spec, refusals
 from synnefo_ganeti.allocate._liveness import NodeChange, NodeLiveness, NodeState, NodeStateName
+from synnefo_ganeti.allocate._maintenance import (
+    MaintenanceGroup,
+    MaintenanceInstance,
+    MaintenanceNode,
+    MaintenancePlan,
+    maintenance_inputs,
+    plan_maintenance,
+)
 from synnefo_ganeti.allocate._nodes import (
     MIRRORED_TEMPLATES,
     NodeLoad,
@@ -56,6 +65,10 @@ __all__ = [
     "GroupOffer",
     "HostedInstance",
     "InstancePolicy",
+    "MaintenanceGroup",
+    "MaintenanceInstance",
+    "MaintenanceNode",
+    "MaintenancePlan",
     "NetworkLink",
     "NetworkOffer",
     "NetworkPool",
@@ -81,8 +94,10 @@ __all__ = [
     "chooses_nodes",
     "count_capacity",
     "hosted_instances",
+    "maintenance_inputs",
     "network_refusals",
     "placed_spec",
+    "plan_maintenance",
     "policy_refusal",
     "refusals",
     "reserved_elsewhere",
