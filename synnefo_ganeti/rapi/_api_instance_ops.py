@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from synnefo_ganeti.errors import ConfigError
-from synnefo_ganeti.rapi._base import RapiBase, choice, query_args, some_body
+from synnefo_ganeti.rapi._base import RapiBase, choice, job_priority, query_args, some_body
 from synnefo_ganeti.rapi._calls import EXPORT_MODES, MIGRATION_MODES, REPLACE_DISKS_MODES
 
 __all__ = ["InstanceOpsApi"]
@@ -109,15 +109,23 @@ class InstanceOpsApi(RapiBase):
         target_node: str | None = None,
         iallocator: str | None = None,
         reason: str | None = None,
+        priority: int | None = None,
     ) -> int:
         """Live-migrate an instance (``PUT /2/instances/NAME/migrate``); returns the job id.
 
         ``mode`` is live or non-live; ``cleanup`` mends a migration that failed half-way;
-        ``iallocator`` (shared storage) picks the target (the body is ``OpInstanceMigrate``'s).
+        ``iallocator`` (shared storage) picks the target (the body is ``OpInstanceMigrate``'s);
+        ``priority`` the job's (:func:`~synnefo_ganeti.rapi._base.job_priority`).
         """
         if mode is not None:
             choice(mode, MIGRATION_MODES, "migration mode")
-        body = some_body(mode=mode, cleanup=cleanup, target_node=target_node, iallocator=iallocator)
+        body = some_body(
+            mode=mode,
+            cleanup=cleanup,
+            target_node=target_node,
+            iallocator=iallocator,
+            priority=job_priority(priority),
+        )
         path = self._instance_path(name, "migrate")
         return await self._write_job("PUT", path, body, query_args(reason=reason))
 
@@ -129,11 +137,15 @@ class InstanceOpsApi(RapiBase):
         ignore_consistency: bool | None = None,
         target_node: str | None = None,
         reason: str | None = None,
+        priority: int | None = None,
     ) -> int:
         """Fail an instance over to its secondary (or, shared storage, another) node
-        (``PUT /2/instances/NAME/failover``); returns the job id."""
+        (``PUT /2/instances/NAME/failover``); returns the job id; ``priority`` as ``migrate_instance``."""
         body = some_body(
-            iallocator=iallocator, ignore_consistency=ignore_consistency, target_node=target_node
+            iallocator=iallocator,
+            ignore_consistency=ignore_consistency,
+            target_node=target_node,
+            priority=job_priority(priority),
         )
         path = self._instance_path(name, "failover")
         return await self._write_job("PUT", path, body, query_args(reason=reason))

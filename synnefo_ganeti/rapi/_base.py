@@ -32,7 +32,7 @@ from synnefo_ganeti.rapi._transport import QueryArgs
 if TYPE_CHECKING:
     from synnefo_ganeti.rapi._transport import Transport
 
-__all__ = ["QueryValue", "RapiBase", "query_args"]
+__all__ = ["JOB_PRIORITIES", "PRIORITY_LOW", "QueryValue", "RapiBase", "job_priority", "query_args"]
 
 logger = logging.getLogger("synnefo_ganeti.rapi")
 
@@ -72,6 +72,22 @@ def choice(value: str, allowed: Iterable[str], what: str) -> str:
     if value not in options:
         raise ConfigError(f"{what} must be one of {', '.join(options)}, not {value!r}")
     return value
+
+
+#: the priorities a job may be submitted with (``constants.OP_PRIO_SUBMIT_VALID``: high, normal,
+#: low; Ganeti runs a lower number first and every opcode takes ``priority`` in its body)
+JOB_PRIORITIES = (-10, 0, 10)
+#: ``constants.OP_PRIO_LOW``: below the cloud's actions (submitted at the default, normal 0)
+PRIORITY_LOW = 10
+
+
+def job_priority(priority: int | None) -> int | None:
+    """``priority`` checked against :data:`JOB_PRIORITIES` (None: Ganeti's default, not sent)."""
+    if priority is not None and (isinstance(priority, bool) or priority not in JOB_PRIORITIES):
+        raise ConfigError(
+            f"job priority {priority!r}: one of {', '.join(map(str, JOB_PRIORITIES))} (high, normal, low)"
+        )
+    return priority
 
 
 def some_body(**items: Any) -> dict[str, Any]:
