@@ -19,9 +19,12 @@ their sum.
 
 **Keeping N+1** is Ganeti 2.16+'s global N+1 (``GlobalN1.hs``, on by default in hspace;
 ``--no-capacity-checks`` turns it off): an allocation counts only if, after it, every node of
-the group could be emptied: its primaries re-created on the group's other nodes, the largest
-first, each where it fits (``canEvacuateNode``, ``recreate``). Those re-creates ignore the soft
-checks (``algIgnoreSoftErrors``): they need memory (and local disk), not CPUs. Among the nodes
+the group could be emptied (``canEvacuateNode``): its DRBD primaries failed over to their
+secondary, its diskless and shared-storage ones moved in Ganeti's order of its primaries (the
+newest first: the new ones before those already there), the rest (``plain``, ``file``)
+re-created the largest first (``recreate``), each where it fits. Those moves ignore the soft
+checks (``algIgnoreSoftErrors``): they need memory (and local disk), not CPUs. A node's memory is
+the smaller of what it reports free and what its records leave (``unallocatedMem``). Among the nodes
 that take one, hspace picks the best cluster score (balance); here the node with the most free
 memory left, which on nodes of one size places round-robin as hspace does.
 
@@ -38,9 +41,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from synnefo_ganeti.allocate._capacity_nodes import (
+    LOCAL_STORAGE_TEMPLATES,
+    CapacityNode,
+    HostedInstance,
+    capacity_nodes,
+    hosted_instances,
+)
 from synnefo_ganeti.allocate._offers import InstancePolicy
 from synnefo_ganeti.errors import InvalidError
-from synnefo_ganeti.rapi import Instance, Node
 
 __all__ = [
     "LOCAL_STORAGE_TEMPLATES",
@@ -54,8 +63,9 @@ __all__ = [
     "policy_refusal",
 ]
 
-#: templates whose disks live on the primary's own storage (htools' ``usesLocalStorage``)
-LOCAL_STORAGE_TEMPLATES = frozenset({"plain", "drbd"})
+#: templates whose instances move to any node of the group (``diskTemplateMovable``): shared
+#: storage and diskless; the rest (``plain``, ``file``) are re-created elsewhere
+MOVABLE_TEMPLATES = frozenset({"diskless", "sharedfile", "blockdev", "rbd", "ext", "gluster"})
 #: templates this model does not count (DRBD places on two nodes; its N+1 is the secondaries')
 UNMODELLED_TEMPLATES = frozenset({"drbd"})
 
@@ -123,104 +133,6 @@ def _size(text: str, key: str, value: str) -> int:
     except ValueError:
         raise InvalidError(f"flavor {text!r}: {key} must be a whole number, got {value!r}") from None
     return number * factor
-
-
-@dataclass(frozen=True, slots=True)
-class HostedInstance:
-    """What an existing instance holds on its primary: memory and disk (MiB), virtual CPUs."""
-
-    name: str
-    primary: str | None
-    memory: int
-    vcpus: int = 1
-    disk: int = 0
-    template: str | None = None
-    secondaries: tuple[str, ...] = ()
-    #: not ``offline`` (htools' ``Instance.notOffline``): its CPUs count on its primary
-    online: bool = True
-
-    @property
-    def local_disk(self) -> bool:
-        return self.template in LOCAL_STORAGE_TEMPLATES
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityNode:
-    """One node as the count sees it (MiB); ``usable``: online, not drained, VM-capable."""
-
-    name: str
-    group: str | None = None
-    usable: bool = True
-    memory_free: int = 0
-    disk_free: int = 0
-    cpus: int = 0
-    #: CPUs its OS uses (``cnos``: htools starts a node's used virtual CPUs there)
-    os_cpus: int = 1
-    #: the ``spindle_count`` node parameter
-    spindles: int = 1
-    primaries: tuple[HostedInstance, ...] = ()
-
-    @property
-    def vcpus_used(self) -> int:
-        return self.os_cpus + sum(i.vcpus for i in self.primaries if i.online)
-
-    @property
-    def spindles_used(self) -> int:
-        return sum(1 for i in self.primaries if i.local_disk)
-
-
-def hosted_instances(instances: Iterable[Instance]) -> tuple[HostedInstance, ...]:
-    """``GET /2/instances?bulk=1``'s instances as the count needs them (``beparams`` sizes)."""
-    return tuple(
-        HostedInstance(
-            name=inst.name,
-            primary=inst.pnode,
-            memory=_int(inst.beparams.get("maxmem"), _int(inst.beparams.get("memory"), inst.oper_ram or 0)),
-            vcpus=_int(inst.beparams.get("vcpus"), inst.oper_vcpus or 1),
-            disk=sum(inst.disk_sizes),
-            template=inst.disk_template,
-            secondaries=tuple(inst.snodes),
-            online=inst.admin_state != "offline",
-        )
-        for inst in instances
-    )
-
-
-def capacity_nodes(
-    nodes: Sequence[Node],
-    instances: Sequence[HostedInstance] = (),
-    *,
-    groups: Mapping[str, str] | None = None,
-) -> tuple[CapacityNode, ...]:
-    """``GET /2/nodes?bulk=1``'s nodes with their primaries; ``groups`` maps group UUIDs to names."""
-    by_primary: dict[str, list[HostedInstance]] = {}
-    for inst in instances:
-        if inst.primary is not None:
-            by_primary.setdefault(inst.primary, []).append(inst)
-    result = []
-    for node in sorted(nodes, key=lambda n: n.name):
-        extra: dict[str, Any] = node.model_extra or {}
-        found = extra.get("ndparams")
-        ndparams: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-        group = node.group_uuid
-        result.append(
-            CapacityNode(
-                name=node.name,
-                group=(groups or {}).get(group, group) if group else None,
-                usable=not node.offline and not node.drained and node.vm_capable is not False,
-                memory_free=node.mfree or 0,
-                disk_free=node.dfree or 0,
-                cpus=node.ctotal or 0,
-                os_cpus=_int(extra.get("cnos"), 1),
-                spindles=_int(ndparams.get("spindle_count"), 1),
-                primaries=tuple(by_primary.get(node.name, ())),
-            )
-        )
-    return tuple(result)
-
-
-def _int(value: Any, default: int) -> int:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,18 +343,50 @@ def _slots_of(room: tuple[int, int], flavor: Flavor, local: bool) -> int:
 def _evacuable(
     node: CapacityNode, targets: Mapping[str, tuple[int, int]], new: int, flavor: Flavor, local: bool
 ) -> bool:
-    """Whether ``node``'s primaries (hosted and ``new`` ones) can be re-created on the group's
-    other usable nodes (``targets``: their free memory and disk), the largest first, each on
-    the one with the most memory free where it fits (``GlobalN1.recreate``)."""
+    """Whether ``node``'s primaries (hosted and ``new`` ones) can go to the group's other usable
+    nodes (``targets``: their free memory and disk), as ``GlobalN1.canEvacuateNode`` moves them:
+    DRBD ones fail over to their secondary; then the movable ones (shared storage, diskless) in
+    Ganeti's order of the node's primaries, the newest first (the new ones, then the hosted ones,
+    the last by name first); then the others, the largest first; each to the node with the most
+    memory free where it fits."""
     free = {name: list(room) for name, room in targets.items() if name != node.name}
-    hosted = sorted(((i.memory, i.disk if i.local_disk else 0) for i in node.primaries), reverse=True)
+    for inst in node.primaries:
+        if inst.template == "drbd":
+            secondary = free.get(inst.secondaries[0]) if inst.secondaries else None
+            if secondary is None or secondary[0] - inst.memory <= 0:
+                return False
+            secondary[0] -= inst.memory
+    movable = [i for i in node.primaries if i.template in MOVABLE_TEMPLATES]
+    others = [i for i in node.primaries if i.template not in MOVABLE_TEMPLATES and i.template != "drbd"]
+    new_disk = flavor.disk if local else 0
+    if not local:  # the flavor's template is a movable one (LOCAL_STORAGE_TEMPLATES are not)
+        if not _place_block(free, new, flavor.memory):
+            return False
+        new = 0
+    if not _recreate(free, [(i.memory, 0) for i in sorted(movable, key=lambda i: i.name, reverse=True)]):
+        return False
+    hosted = sorted(((i.memory, i.disk if i.local_disk else 0) for i in others), reverse=True)
     larger = [item for item in hosted if item[0] >= flavor.memory]  # htools sorts by memory only
     smaller = hosted[len(larger) :]
     if not _recreate(free, larger):
         return False
     if not smaller:  # the new ones last: enough slots is enough
         return new <= sum(_slots_of((room[0], room[1]), flavor, local) for room in free.values())
-    return _recreate(free, [(flavor.memory, flavor.disk if local else 0)] * new + smaller)
+    return _recreate(free, [(flavor.memory, new_disk)] * new + smaller)
+
+
+def _place_block(free: dict[str, list[int]], count: int, memory: int) -> bool:
+    """Place ``count`` instances of ``memory`` one at a time where the most memory is free;
+    ``free`` is updated. False when one fits nowhere."""
+    heap = [(-room[0], name) for name, room in free.items()]
+    heapq.heapify(heap)
+    for _ in range(count):
+        if not heap or -heap[0][0] - memory <= 0:
+            return False
+        most, name = heapq.heappop(heap)
+        free[name][0] = -most - memory
+        heapq.heappush(heap, (-free[name][0], name))
+    return True
 
 
 def _recreate(free: dict[str, list[int]], moving: Sequence[tuple[int, int]]) -> bool:
