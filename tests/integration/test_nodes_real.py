@@ -8,7 +8,9 @@
   master's queue dir, PostgreSQL) during which an operator drains node2 behind our back
   (``gnt-node modify --drained yes``): every request succeeds, none has more than one successful
   create, and no create with ``pnode`` node2 was sent (ganeti-rapi's stamp in its reason trail)
-  more than ``TIGHT`` seconds after the drain ended; no instance of ours is made on node2 after.
+  more than ``TIGHT`` seconds after the drain ended (half the burst is requested while the drain
+  job waits for node2's lock: creates sent there then are refused and placed again); no instance
+  of ours is made on node2 after.
 
 node2 is undrained and every instance removed, whatever happens.
 """
@@ -35,7 +37,7 @@ from tests.integration.test_dispatcher_real import dispatching, settings
 pytestmark = [pytest.mark.ganeti3, pytest.mark.timeout(900)]
 
 MASTER, DRAINED = "node1.ganeti.test", "node2.ganeti.test"
-REQUESTS = 9
+REQUESTS = 18
 TIGHT = 10.0  # no create may be sent to the drained node later than this after the drain
 
 
@@ -50,6 +52,15 @@ def _posted(job, since: float) -> float | None:
 async def _gnt_drained(value: str) -> None:
     code, out, err = await run(*ns30("gnt-node", "modify", "--drained", value, DRAINED))
     assert code == 0, f"gnt-node modify --drained {value}: {out}{err}"
+
+
+async def _drain_queued(rapi) -> bool:
+    """An OP_NODE_SET_PARAMS of node2 in Ganeti's job list (queued, waiting or running)."""
+    return any(
+        job.ops and job.ops[0].get("OP_ID") == "OP_NODE_SET_PARAMS" and job.ops[0].get("node_name") == DRAINED
+        and not job.status.is_final
+        for job in await rapi.list_jobs()
+    )  # fmt: skip
 
 
 async def _undrained(cp: ControlPlane) -> None:
@@ -126,12 +137,23 @@ async def test_a_node_drained_behind_our_back_mid_burst_fails_no_request(testbed
         try:
             async with dispatching(config, store) as dispatcher:
                 started = time.time()
-                ids = [await cp.request_instance(spec(bed, n, pnode=None)) for n in names]
+                first, second = names[: REQUESTS // 2], names[REQUESTS // 2 :]
+                ids = [await cp.request_instance(spec(bed, n, pnode=None)) for n in first]
                 dispatcher.wake()
                 await eventually(lambda: dispatcher.stats.submitted >= 2, timeout=60, interval=0.01,
                                  what="2 creates submitted")  # fmt: skip
                 figures["submitted_before_drain"] = dispatcher.stats.submitted
-                await _gnt_drained("yes")  # the operator, behind the dispatcher's back
+                # the operator, behind the dispatcher's back: its job waits for node2's lock (the
+                # creates running there) while the rest of the burst comes, placed by stats that
+                # still take node2 for usable
+                drain = asyncio.create_task(_gnt_drained("yes"))
+                try:
+                    await eventually(lambda: _drain_queued(rapi), timeout=60, interval=0.05,
+                                     what="the drain job in Ganeti's queue")  # fmt: skip
+                    ids += [await cp.request_instance(spec(bed, n, pnode=None)) for n in second]
+                    dispatcher.wake()
+                finally:
+                    await drain
                 drained_at = time.time()
 
                 async def all_final() -> list:
