@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from synnefo_ganeti._version import __version__
 from synnefo_ganeti.allocate import BackendCatalog
+from synnefo_ganeti.allocate._node_info import BackendNodes, NodeInfo
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.errors import (
@@ -68,6 +69,7 @@ __all__ = [
     "FINAL_STATUSES",
     "AuthenticationError",
     "BackendCatalog",
+    "BackendNodes",
     "BadRequestError",
     "CancelResult",
     "Change",
@@ -94,6 +96,7 @@ __all__ = [
     "NetworkState",
     "NoCapacityError",
     "Node",
+    "NodeInfo",
     "NotFoundError",
     "OutcomeUnknownError",
     "RapiClient",

@@ -12,10 +12,10 @@ import synnefo_ganeti.rapi
 def test_top_level_exports_are_pinned() -> None:
     assert sorted(synnefo_ganeti.__all__) == sorted(
         [
-            "FINAL_STATUSES", "AuthenticationError", "BackendCatalog", "BadRequestError", "CancelResult", "Change", "ClusterInfo",
+            "FINAL_STATUSES", "AuthenticationError", "BackendCatalog", "BackendNodes", "BadRequestError", "CancelResult", "Change", "ClusterInfo",
             "ConfigError", "ConflictError", "ControlPlane", "CreateOutcomeUnknownError", "CreateProgress",
             "GanetiError", "GanetiVersion", "Instance", "InstanceConsole", "InstanceSpec", "InstanceStatus", "InvalidError", "Job", "JobFailedError",
-            "JobFailure", "JobFileError", "JobNotFoundError", "JobStatus", "LogEntry", "NoCapacityError", "Node",
+            "JobFailure", "JobFileError", "JobNotFoundError", "JobStatus", "LogEntry", "NoCapacityError", "Node", "NodeInfo",
             "NotFoundError", "OutcomeUnknownError", "RapiClient", "RapiConnectionError", "RapiError", "RapiNotFoundError",
             "RapiTimeoutError", "RebootType", "Request", "RequestNotHeldError", "RequestStatus",
             "RequestTimeoutError", "RetryPolicy", "Settings", "StoreError", "StoredInstance", "StoredNetwork", "NetworkState", "TLSError",
