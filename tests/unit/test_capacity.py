@@ -315,3 +315,30 @@ def test_a_large_backend_is_counted_quickly() -> None:
     counted = count_capacity(nodes, POLICY, Flavor(1024, 1, 0), "diskless")
     assert counted.now is not None and counted.n_plus_1 is not None
     assert 0 < counted.n_plus_1 < counted.now
+
+
+def test_a_drbd_primary_fails_over_to_its_secondary_keeping_n_plus_1() -> None:
+    mirrored = HostedInstance("m", "a", memory=8000, template="drbd", secondaries=("b",))
+    nodes = [node("a", 16384, primaries=(mirrored,)), node("b", 8193), node("c", 16384)]
+    counted = count_capacity(nodes, POLICY, Flavor(4096, 1, 0), "diskless")
+    assert counted.now == 3 + 2 + 3
+    # b must keep more than 8000 MiB free for m: it takes no new one
+    assert counted.per_node["b"][1] == 0 and counted.n_plus_1 is not None and counted.n_plus_1 > 0
+    # with b drained, m has nowhere to go: nothing keeps N+1
+    drained = [nodes[0], CapacityNode("b", "g", usable=False, memory_free=8193), nodes[2]]
+    assert count_capacity(drained, POLICY, Flavor(4096, 1, 0), "diskless").n_plus_1 == 0
+
+
+def test_movable_primaries_move_newest_first() -> None:
+    """The recorded case (``hosted-8g-node1``) in small: a holds an 8 GiB instance; moved after
+    a's new ones (diskless: Ganeti's order, newest first) it finds no room one placement sooner
+    than re-created largest first (``file``): 7 against 8."""
+
+    def count(template: str) -> FlavorCapacity:
+        big = HostedInstance("big", "a", memory=8192, template=template)
+        nodes = [CapacityNode("a", "g", memory_free=15628, cpus=2, os_cpus=2, primaries=(big,))]
+        nodes += [CapacityNode(n, "g", memory_free=23111, cpus=2, os_cpus=2) for n in ("b", "c")]
+        return count_capacity(nodes, POLICY, Flavor(4096, 1, 1024), "diskless")
+
+    assert (count("diskless").now, count("diskless").n_plus_1) == (13, 7)
+    assert (count("file").now, count("file").n_plus_1) == (13, 8)
