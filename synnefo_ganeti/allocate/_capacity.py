@@ -189,7 +189,8 @@ def count_capacity(
     groups: dict[str | None, list[CapacityNode]] = {}
     for node in nodes:
         groups.setdefault(node.group, []).append(node)
-    stopped = [_fill_group(members, fits, placed, flavor, local) for members in groups.values()]
+    movable = template in MOVABLE_TEMPLATES
+    stopped = [_fill_group(members, fits, placed, flavor, (local, movable)) for members in groups.values()]
     n1 = sum(placed.values())
     limit_n1 = "N+1" if "N+1" in stopped and n1 < now else limit_now
     per_node = {name: (fits[name][0], placed[name]) for name in fits}
@@ -251,7 +252,7 @@ def _fill_group(
     fits: Mapping[str, tuple[int, str]],
     placed: dict[str, int],
     flavor: Flavor,
-    local: bool,
+    kind: tuple[bool, bool],
 ) -> str:
     """Place new instances on the group's usable nodes one at a time (the most free memory
     left first), each only if every node of the group could still be emptied; ``placed`` is
@@ -266,7 +267,7 @@ def _fill_group(
     low, high = 0, len(order)  # order[:low] keeps N+1; find the longest prefix that does
     while low < high:
         middle = (low + high + 1) // 2
-        if _redundant(members, _counts(order[:middle]), flavor, local):
+        if _redundant(members, _counts(order[:middle]), flavor, kind):
             low = middle
         else:
             high = middle - 1
@@ -279,7 +280,7 @@ def _fill_group(
         candidates.sort(key=lambda n: (-(n.memory_free - placed[n.name] * flavor.memory), n.name))
         for node in candidates:
             placed[node.name] += 1
-            if _redundant(members, placed, flavor, local):
+            if _redundant(members, placed, flavor, kind):
                 break
             placed[node.name] -= 1
             blocked.add(node.name)  # adding only makes N+1 harder: this node takes no more
@@ -313,9 +314,10 @@ def _counts(names: Iterable[str]) -> dict[str, int]:
 
 
 def _redundant(
-    members: Sequence[CapacityNode], placed: Mapping[str, int], flavor: Flavor, local: bool
+    members: Sequence[CapacityNode], placed: Mapping[str, int], flavor: Flavor, kind: tuple[bool, bool]
 ) -> bool:
     """Whether every node of the group could be emptied onto the others (``GlobalN1.redundant``)."""
+    local = kind[0]  # (the flavor's template uses local storage, is movable)
     targets = {n.name: _room(n, placed, flavor, local) for n in members if n.usable}
     slots = {name: _slots_of(room, flavor, local) for name, room in targets.items()}
     total = sum(slots.values())
@@ -324,7 +326,7 @@ def _redundant(
         if not node.primaries:  # only new instances, all of one size: count the slots of the others
             if new > total - slots.get(node.name, 0):
                 return False
-        elif not _evacuable(node, targets, new, flavor, local):
+        elif not _evacuable(node, targets, new, flavor, kind):
             return False
     return True
 
@@ -341,7 +343,11 @@ def _slots_of(room: tuple[int, int], flavor: Flavor, local: bool) -> int:
 
 
 def _evacuable(
-    node: CapacityNode, targets: Mapping[str, tuple[int, int]], new: int, flavor: Flavor, local: bool
+    node: CapacityNode,
+    targets: Mapping[str, tuple[int, int]],
+    new: int,
+    flavor: Flavor,
+    kind: tuple[bool, bool],
 ) -> bool:
     """Whether ``node``'s primaries (hosted and ``new`` ones) can go to the group's other usable
     nodes (``targets``: their free memory and disk), as ``GlobalN1.canEvacuateNode`` moves them:
@@ -358,8 +364,9 @@ def _evacuable(
             secondary[0] -= inst.memory
     movable = [i for i in node.primaries if i.template in MOVABLE_TEMPLATES]
     others = [i for i in node.primaries if i.template not in MOVABLE_TEMPLATES and i.template != "drbd"]
+    local, movable_new = kind
     new_disk = flavor.disk if local else 0
-    if not local:  # the flavor's template is a movable one (LOCAL_STORAGE_TEMPLATES are not)
+    if movable_new:  # the new ones move first, before the hosted movable ones
         if not _place_block(free, new, flavor.memory):
             return False
         new = 0

@@ -330,15 +330,15 @@ def test_a_drbd_primary_fails_over_to_its_secondary_keeping_n_plus_1() -> None:
 
 
 def test_movable_primaries_move_newest_first() -> None:
-    """The recorded case (``hosted-8g-node1``) in small: a holds an 8 GiB instance; moved after
-    a's new ones (diskless: Ganeti's order, newest first) it finds no room one placement sooner
-    than re-created largest first (``file``): 7 against 8."""
+    """The recorded case (``hosted-8g-node1``) in small: a holds an 8 GiB instance; diskless
+    ones move in Ganeti's order, the newest first, so a's new ones go before it and leave no room
+    one placement sooner than ``file`` ones, re-created largest first: 7 against 8."""
 
     def count(template: str) -> FlavorCapacity:
         big = HostedInstance("big", "a", memory=8192, template=template)
         nodes = [CapacityNode("a", "g", memory_free=15628, cpus=2, os_cpus=2, primaries=(big,))]
         nodes += [CapacityNode(n, "g", memory_free=23111, cpus=2, os_cpus=2) for n in ("b", "c")]
-        return count_capacity(nodes, POLICY, Flavor(4096, 1, 1024), "diskless")
+        return count_capacity(nodes, POLICY, Flavor(4096, 1, 1024), template)
 
     assert (count("diskless").now, count("diskless").n_plus_1) == (13, 7)
     assert (count("file").now, count("file").n_plus_1) == (13, 8)
