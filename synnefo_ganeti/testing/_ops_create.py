@@ -37,7 +37,14 @@ from synnefo_ganeti.testing._macs import MacReservation
 from synnefo_ganeti.testing._names import check_create_name, ping
 from synnefo_ganeti.testing._node_faults import check_allocator_input, check_answers
 from synnefo_ganeti.testing._ops_networks import create_nics
-from synnefo_ganeti.testing._placement import allocate, check_pnode, check_policy, check_room, choose_node
+from synnefo_ganeti.testing._placement import (
+    allocate,
+    check_pnode,
+    check_policy,
+    check_room,
+    check_snode,
+    choose_node,
+)
 from synnefo_ganeti.testing._registry import Needs, opcode
 
 if TYPE_CHECKING:
@@ -134,6 +141,9 @@ async def instance_create(cluster: FakeCluster, job: FakeJob, op: FakeOp) -> Non
     )
     if node is not None:
         check_pnode(node)  # CheckPrereq
+        snode = cluster.nodes.get(str(p.get("snode"))) if template in MIRRORED else None
+        if snode is not None:
+            check_snode(snode, node)  # CheckPrereq: the mirror node
     ping(cluster, address, name)  # CheckPrereq: ip_check
     # ComputeNics (CheckPrereq): a MAC given is checked and reserved, the others generated
     macs = MacReservation(cluster, create=True)

@@ -20,7 +20,7 @@ from synnefo_ganeti.testing._cluster import FakeNode, OpFailure, free_capacity
 if TYPE_CHECKING:
     from synnefo_ganeti.testing._engine import FakeCluster
 
-__all__ = ["allocate", "check_pnode", "check_policy", "check_room", "choose_node", "free"]
+__all__ = ["allocate", "check_pnode", "check_policy", "check_room", "check_snode", "choose_node", "free"]
 
 
 def free(cluster: FakeCluster, node: FakeNode) -> tuple[int | None, int | None]:
@@ -48,12 +48,30 @@ def allocate(
 
 
 def check_pnode(node: FakeNode) -> None:
-    """``LUInstanceCreate.CheckPrereq``: the primary node neither offline nor drained (the op
-    holds its locks and runs: the real job files have its ``exec_timestamp``)."""
+    """``LUInstanceCreate.CheckPrereq``: the primary node neither offline nor drained, and
+    vm_capable (the op holds its locks and runs: the real job files have its ``exec_timestamp``)."""
     if node.offline:
         raise OpFailure("OpPrereqError", f"Cannot use offline primary node '{node.name}'", "wrong_state")
     if node.drained:
         raise OpFailure("OpPrereqError", f"Cannot use drained primary node '{node.name}'", "wrong_state")
+    if not node.vm_capable:
+        raise OpFailure(
+            "OpPrereqError", f"Cannot use non-vm_capable primary node '{node.name}'", "wrong_state"
+        )
+
+
+def check_snode(node: FakeNode, pnode: FakeNode) -> None:
+    """``LUInstanceCreate.CheckPrereq`` for a mirrored template's secondary: not the primary, then
+    ``CheckNodeOnline`` (``cmdlib/common.py``), ``CheckNodeNotDrained`` and ``CheckNodeVmCapable``
+    (``cmdlib/instance_utils.py``; Ganeti 3.0's message names the node's uuid there)."""
+    if node.name == pnode.name:
+        raise OpFailure("OpPrereqError", "The secondary node cannot be the primary node", "wrong_input")
+    if node.offline:
+        raise OpFailure("OpPrereqError", f"Can't use offline node: {node.name}", "wrong_state")
+    if node.drained:
+        raise OpFailure("OpPrereqError", f"Can't use drained node {node.name}", "wrong_state")
+    if not node.vm_capable:
+        raise OpFailure("OpPrereqError", f"Can't use non-vm_capable node {node.uuid}", "wrong_state")
 
 
 def choose_node(cluster: FakeCluster, p: dict[str, Any], name: str, *, check: bool = True) -> FakeNode:

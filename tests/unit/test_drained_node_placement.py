@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from synnefo_ganeti import ControlPlane, RapiClient
+from synnefo_ganeti import ControlPlane, InstanceSpec, RapiClient
 from synnefo_ganeti.allocate import Allocator, BackendView
 from synnefo_ganeti.allocate._liveness import usability_changes
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import Node
-from synnefo_ganeti.store import RequestStatus, Store
+from synnefo_ganeti.store import RequestStatus, Store, node_fault
+from synnefo_ganeti.testing import FakeGaneti
 from tests.helpers import eventually, spec
 from tests.unit.test_dispatcher import backend, fakes, finished, running, settings_for
 from tests.unit.test_node_placement_dispatcher import create_nodes
@@ -109,3 +110,43 @@ def test_a_node_read_showing_a_node_drained_since_the_stats_takes_it_out_of_node
     assert allocator.full_nodes("b") == set() and allocator.due_for_refresh(interval=3600, now=3.0) == []
     allocator.nodes_seen("b", usable, read_at=4.0, now=4.0)  # undrained: due for stats
     assert allocator.due_for_refresh(interval=3600, now=4.0) == ["b"]
+
+
+async def test_the_fake_refuses_a_drained_offline_or_non_vm_capable_node_as_ganeti_does() -> None:
+    # LUInstanceCreate.CheckPrereq (cmdlib/instance_create.py) for the primary; CheckNodeOnline,
+    # CheckNodeNotDrained, CheckNodeVmCapable (cmdlib/common.py, instance_utils.py) for the mirror
+    async with FakeGaneti(tls=False, nodes=3, disk_templates=("diskless", "drbd")) as fake:
+        n1, n2, n3 = sorted(fake.cluster.nodes)
+        async with RapiClient(fake.url, username=fake.username, password=fake.password) as rapi:
+
+            async def refusal(instance: InstanceSpec) -> str | None:
+                job = await rapi.wait_for_job(await rapi.create_instance(instance), timeout=10)
+                failure = job.failure
+                return None if failure is None else failure.message
+
+            nodes = fake.cluster.nodes
+            nodes[n2].drained = True
+            assert await refusal(spec("a.example", pnode=n2)) == f"Cannot use drained primary node '{n2}'"
+            mirrored = {"disk_template": "drbd", "disks": [{"size": 1024}]}
+            assert (
+                await refusal(spec("b.example", pnode=n1, snode=n2, **mirrored))
+                == f"Can't use drained node {n2}"
+            )
+            nodes[n2].drained, nodes[n3].offline = False, True
+            assert await refusal(spec("c.example", pnode=n3)) == f"Cannot use offline primary node '{n3}'"
+            assert (
+                await refusal(spec("d.example", pnode=n1, snode=n3, **mirrored))
+                == f"Can't use offline node: {n3}"
+            )
+            nodes[n3].offline, nodes[n3].vm_capable = False, False
+            assert (
+                await refusal(spec("e.example", pnode=n3)) == f"Cannot use non-vm_capable primary node '{n3}'"
+            )
+            assert await refusal(spec("f.example", pnode=n1, snode=n3, **mirrored)) == (
+                f"Can't use non-vm_capable node {nodes[n3].uuid}"
+            )
+            assert await refusal(spec("g.example", pnode=n1, snode=n2, **mirrored)) is None
+            # each refusal is one the dispatcher reads as its node's (placed again elsewhere)
+            for message in (f"Cannot use drained primary node '{n2}'", f"Can't use drained node {n2}"):
+                fault = node_fault(f"OpPrereqError: {message}")
+                assert fault is not None and (fault.node, fault.kind) == (n2, "drained")
