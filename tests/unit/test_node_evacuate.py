@@ -218,3 +218,28 @@ def test_the_plan_follows_what_ganeti_allows_per_disk_template() -> None:
     assert {p.action for p in failover} == {MoveAction.FAILOVER, MoveAction.NONE}
     full = plan_moves(N2, [_inst("big", "sharedfile", beparams={"maxmem": 99999})], nodes, ours=())
     assert full[0].action is MoveAction.NONE and "no target: no node has room" in str(full[0].why)
+
+
+async def test_the_fake_refuses_as_the_lab_did(tmp_path: Path, db_url: str) -> None:
+    """What the real lab answered (Ganeti 3.0.2, 2026-11-28): a migration of a stopped instance and
+    a move to a drained node are refused in CheckPrereq with these messages."""
+    async with plane(tmp_path, db_url) as (fake, cp):
+        await made(cp, spec("down.fake.test", start=False), InstanceStatus.STOPPED)
+        await made(cp, spec("run.fake.test"))
+        client = await cp.client("f1")
+        job = await client.wait_for_job(await client.migrate_instance("down.fake.test", target_node=N1))
+        assert job.failure is not None and (job.failure.type, job.failure.ecode) == (
+            "OpPrereqError",
+            "wrong_state",
+        )
+        assert (
+            job.failure.message
+            == "Can't migrate, please use failover: Instance down.fake.test is not running"
+        )
+        await drain(fake, cp, N3)
+        for call in (client.migrate_instance, client.failover_instance):
+            job = await client.wait_for_job(await call("run.fake.test", target_node=N3))
+            assert job.failure is not None and job.failure.ecode == "wrong_state"
+            assert job.failure.message == f"Can't use drained node {N3}"
+        job = await client.wait_for_job(await client.migrate_instance("run.fake.test", iallocator="hail"))
+        assert job.status.value == "success" and (await client.get_instance("run.fake.test")).pnode == N1
