@@ -4,7 +4,7 @@ For each flavor, :meth:`ControlPlane.capacity` (through RAPI) and ``hspace -L --
 --disk-template diskless --standard-alloc DISK,MEM,CPU`` run on the master (``scripts/ganeti-testbed
 ns``, luxid's socket: hspace's RAPI loader sends no credentials, and the testbed's RAPI wants them)
 read the same nodes; "now" is hspace with ``--no-capacity-checks``, "keeping N+1" hspace as it is
-(global N+1 on). Both must give the same counts: on the cluster as the test finds it, then with an
+(global N+1 on), for diskless flavors and, with the instance, file ones. Both must give the same counts: on the cluster as the test finds it, then with an
 8 GiB instance of ours on node1 (removed whatever happens): its memory counts there although the
 fake hypervisor reports it free, and keeping N+1 the new instances move off node1 before it.
 
@@ -29,10 +29,10 @@ pytestmark = [pytest.mark.ganeti3, pytest.mark.timeout(600)]
 SPECS = [(1024, 4096, 1), (1024, 8192, 1), (1024, 20000, 1), (10240, 4096, 2), (1024, 128, 1)]
 
 
-async def hspace(disk: int, memory: int, vcpus: int, *, n_plus_1: bool) -> tuple[int, str]:
+async def hspace(disk: int, memory: int, vcpus: int, template: str, *, n_plus_1: bool) -> tuple[int, str]:
     """``HTS_ALLOC_INSTANCES`` and ``HTS_ALLOC_FAIL_REASON`` of hspace on the master."""
     checks = [] if n_plus_1 else ["--no-capacity-checks"]
-    argv = ns30("hspace", "-L", *checks, "--machine-readable", "--disk-template", "diskless",
+    argv = ns30("hspace", "-L", *checks, "--machine-readable", "--disk-template", template,
                 "--standard-alloc", f"{disk},{memory},{vcpus}")  # fmt: skip
     code, out, err = await run(*argv)
     assert code == 0, f"{' '.join(argv)}: exit {code}\n{out}\n{err}"
@@ -41,16 +41,16 @@ async def hspace(disk: int, memory: int, vcpus: int, *, n_plus_1: bool) -> tuple
     return int(values["HTS_ALLOC_INSTANCES"]), values["HTS_ALLOC_FAIL_REASON"]
 
 
-async def compare(cp: ControlPlane) -> list[str]:
+async def compare(cp: ControlPlane, template: str = "diskless") -> list[str]:
     """Ours and hspace's counts for every flavor; the lines that differ (empty: none)."""
     flavors = [Flavor(memory=m, vcpus=v, disk=d) for d, m, v in SPECS]
-    (answer,) = await cp.capacity(flavors, template="diskless")
+    (answer,) = await cp.capacity(flavors, template=template)
     assert answer.error is None and answer.nodes == 3, answer
     differ = []
     for (disk, memory, vcpus), ours in zip(SPECS, answer.flavors, strict=True):
-        now, why_now = await hspace(disk, memory, vcpus, n_plus_1=False)
-        n1, why_n1 = await hspace(disk, memory, vcpus, n_plus_1=True)
-        line = f"{ours.flavor}: ours {ours.now}/{ours.n_plus_1}, hspace {now} ({why_now})/{n1} ({why_n1})"
+        now, why_now = await hspace(disk, memory, vcpus, template, n_plus_1=False)
+        n1, why_n1 = await hspace(disk, memory, vcpus, template, n_plus_1=True)
+        line = f"{template} {ours.flavor}: ours {ours.now}/{ours.n_plus_1}, hspace {now} ({why_now})/{n1} ({why_n1})"
         print(line)
         if (ours.now, ours.n_plus_1) != (now, n1):
             differ.append(line)
@@ -71,5 +71,7 @@ async def test_capacity_is_hspaces(testbed3, tmp_path) -> None:
                 hosted = [n for n in answer.flavors[0].per_node if n == testbed3.nodes[0]]
                 assert hosted, answer
                 assert await compare(cp) == []
+                # new file instances are re-created by size, after the diskless one moved
+                assert await compare(cp, "file") == []
             finally:
                 await remove_everywhere(rapi, [instance])
