@@ -83,14 +83,17 @@ class NodeMoves:
         *,
         iallocator: str | None = None,
         progress: Progress | None = None,
+        priority: int | None = None,
     ) -> NodeMoveReport:
         """Move every primary instance off ``node`` of ``backend``: live-migrate what runs, fail
         over the rest, to the node our placement picks (or ``iallocator``'s choice, e.g. "hail");
-        each job followed to its end. Returns the report (per instance: action, target, job,
+        each job followed to its end, sent at ``priority`` (Ganeti's default when None; a rolling
+        maintenance sends its moves low). Returns the report (per instance: action, target, job,
         outcome, error); an instance that could not move is in it, not raised.
 
         The node must be drained first (:class:`ConflictError` otherwise, naming the command);
-        an offline node is failover_node's. An unknown backend is a ConfigError, an unknown
+        an offline node, or one that does not answer, is failover_node's (ConflictError), and the
+        master is refused (Ganeti drains it only after a master failover). An unknown backend is a ConfigError, an unknown
         node a :class:`NotFoundError`."""
         self.settings.backend(backend)
         client = await self.client(backend)
@@ -101,13 +104,25 @@ class NodeMoves:
                 f"can migrate off it; fail its instances over instead ('synnefo-ganeti nodes failover "
                 f"{backend} {node}')"
             )
+        if found.role == "M":
+            raise ConflictError(
+                f"node {node} is the master of backend {backend}: Ganeti drains the master only after a "
+                "master failover; run 'gnt-cluster master-failover' on another master candidate, then drain "
+                "and evacuate it"
+            )
+        if found.mfree is None:
+            raise ConflictError(
+                f"node {node} of backend {backend} does not answer Ganeti (its live figures do not read): "
+                "nothing can migrate off it; if it is dead, fail its instances over instead "
+                f"('synnefo-ganeti nodes failover {backend} {node}')"
+            )
         if not found.drained:
             raise ConflictError(
                 f"node {node} of backend {backend} is not drained: drain it first ('synnefo-ganeti nodes "
                 f"drain {backend} {node}') so that no new instance lands there while its instances move away"
             )
         return await self._move_all(
-            backend, client, node, "evacuate", iallocator=iallocator, progress=progress
+            backend, client, node, "evacuate", iallocator=iallocator, progress=progress, priority=priority
         )
 
     async def failover_node(
@@ -165,6 +180,7 @@ class NodeMoves:
         failover: bool = False,
         progress: Progress | None = None,
         marked_offline: bool = False,
+        priority: int | None = None,
     ) -> NodeMoveReport:
         instances, nodes = await client.list_instances(), await client.list_nodes()
         rows = await self.store.list_instances(backend=backend)
@@ -175,7 +191,9 @@ class NodeMoves:
             progress(0, total, None)
         moves: list[InstanceMove] = []
         for planned in plan:
-            move = await self._move_one(backend, client, planned, iallocator, ignore_consistency=failover)
+            move = await self._move_one(
+                backend, client, planned, iallocator, ignore_consistency=failover, priority=priority
+            )
             moves.append(move)
             log.info(
                 "%s of %s: %s %s to %s: %s%s", operation, node, move.action.value, move.name,
@@ -195,6 +213,7 @@ class NodeMoves:
         iallocator: str | None,
         *,
         ignore_consistency: bool,
+        priority: int | None = None,
     ) -> InstanceMove:
         name, target = planned.name, planned.target
 
@@ -210,7 +229,7 @@ class NodeMoves:
             action = InstanceAction.MIGRATE
 
             def call(c: RapiClient) -> Awaitable[int]:
-                return c.migrate_instance(name, target_node=target, iallocator=chooser)
+                return c.migrate_instance(name, target_node=target, iallocator=chooser, priority=priority)
         else:
             action = InstanceAction.FAILOVER
 
@@ -220,6 +239,7 @@ class NodeMoves:
                     target_node=target,
                     iallocator=chooser,
                     ignore_consistency=ignore_consistency or None,
+                    priority=priority,
                 )
 
         try:

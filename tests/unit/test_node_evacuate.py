@@ -54,13 +54,21 @@ async def ganeti_pnodes(cp: ControlPlane) -> dict[str, str | None]:
     return {i.name: i.pnode for i in await (await cp.client("f1")).list_instances()}
 
 
-async def test_evacuate_refuses_a_node_not_drained_or_unknown(tmp_path: Path, db_url: str) -> None:
-    async with plane(tmp_path, db_url) as (_fake, cp):
+async def test_evacuate_refuses_a_node_not_drained_unknown_master_or_dead(
+    tmp_path: Path, db_url: str
+) -> None:
+    async with plane(tmp_path, db_url) as (fake, cp):
         await made(cp, spec("a.fake.test"))
         with pytest.raises(ConflictError, match=rf"not drained: drain it first .*nodes drain f1 {N2}"):
             await cp.evacuate_node("f1", N2)
         with pytest.raises(NotFoundError, match=r"has no node node9\.fake\.test; its nodes: node1"):
             await cp.evacuate_node("f1", "node9.fake.test")
+        with pytest.raises(ConflictError, match="is the master of backend f1"):
+            await cp.evacuate_node("f1", N1)
+        await drain(fake, cp, N2)
+        fake.crash_node(N2)
+        with pytest.raises(ConflictError, match=r"does not answer Ganeti .*nodes failover f1"):
+            await cp.evacuate_node("f1", N2)
         assert (await ganeti_pnodes(cp))["a.fake.test"] == N2  # nothing sent
 
 
