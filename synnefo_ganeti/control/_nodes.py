@@ -28,6 +28,7 @@ from synnefo_ganeti.errors import (
     NotFoundError,
 )
 from synnefo_ganeti.rapi import JobStatus, RapiClient
+from synnefo_ganeti.rapi._base import job_priority
 from synnefo_ganeti.rapi._models import JobFailure
 
 if TYPE_CHECKING:
@@ -77,14 +78,19 @@ class NodeMethods:
         stored = (await self._stored_nodes(backend)).get(backend, {})
         return node_info(backend, node, read_at=read_at, groups=groups, stored=stored.get(node.name))
 
-    async def drain_node(self, backend: str, name: str, *, timeout: float = DRAIN_TIMEOUT) -> NodeInfo:
+    async def drain_node(
+        self, backend: str, name: str, *, timeout: float = DRAIN_TIMEOUT, priority: int | None = None
+    ) -> NodeInfo:
         """Drain ``name`` on ``backend`` (Ganeti places nothing new there; what runs stays); the
-        node as it is after. :class:`ConflictError` for the master."""
-        return await self._set_drained(backend, name, True, timeout)
+        node as it is after; the job at ``priority`` (Ganeti's default when None). :class:`ConflictError`
+        for the master."""
+        return await self._set_drained(backend, name, True, timeout, priority)
 
-    async def undrain_node(self, backend: str, name: str, *, timeout: float = DRAIN_TIMEOUT) -> NodeInfo:
+    async def undrain_node(
+        self, backend: str, name: str, *, timeout: float = DRAIN_TIMEOUT, priority: int | None = None
+    ) -> NodeInfo:
         """Undrain ``name`` on ``backend`` (it takes new instances again); the node as it is after."""
-        return await self._set_drained(backend, name, False, timeout)
+        return await self._set_drained(backend, name, False, timeout, priority)
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -122,11 +128,16 @@ class NodeMethods:
         )
         return BackendNodes(backend, tuple(infos), None, read_at)
 
-    async def _set_drained(self, backend: str, name: str, drained: bool, timeout: float) -> NodeInfo:
+    async def _set_drained(
+        self, backend: str, name: str, drained: bool, timeout: float, priority: int | None = None
+    ) -> NodeInfo:
         before = await self.node(backend, name)  # NotFoundError for an unknown backend or node
         client = await self.client(backend)
         what = "drain" if drained else "undrain"
-        job_id = await client.modify_node(before.name, drained=drained, reason=f"synnefo-ganeti nodes {what}")
+        extra = {"priority": job_priority(priority)} if priority is not None else {}
+        job_id = await client.modify_node(
+            before.name, drained=drained, reason=f"synnefo-ganeti nodes {what}", **extra
+        )
         job = await client.wait_for_job(job_id, timeout=timeout)
         if job.status is not JobStatus.SUCCESS:
             failure = job.failure or JobFailure(
