@@ -40,6 +40,11 @@ environment, ``__`` separates the levels: ``SYNNEFO_GANETI__DATABASE__URL``,
     webhook = "https://ops.example.org/hooks/ganeti"   # POSTed each health change
     status_port = 9180                  # /metrics, /healthz, /readyz on status_host
 
+    [repair]                            # repairs by policy (docs/operations.md); off: report only
+    node_down_after = 120               # seconds a node is down before an incident opens
+    allow = ["start", "failover"]       # of "start", "migrate", "failover" (a backend's repair_allow wins)
+    fence_command = "/usr/local/sbin/fence {node}"   # makes a down node safe (powers it off)
+
     [notify]                            # the change-feed webhook (docs/changes.md); optional
     url = "https://api.example.org/hooks/synnefo-ganeti"
     secret_file = "webhook.secret"      # mode 0600: the HMAC-SHA256 key of the signature header
@@ -67,6 +72,7 @@ from synnefo_ganeti.config._loading import (
     diff_backends,
 )
 from synnefo_ganeti.config._notify import NotifySettings
+from synnefo_ganeti.config._repair import REPAIRS, RepairSettings
 from synnefo_ganeti.config._secrets import read_password_file
 from synnefo_ganeti.config._sections import (
     DEFAULT_OWNERSHIP_TAG,
@@ -76,6 +82,7 @@ from synnefo_ganeti.config._sections import (
     NodePlacement,
     OwnershipSettings,
     ReconcileSettings,
+    Repair,
     Strategy,
 )
 from synnefo_ganeti.config._settings import Settings
@@ -85,6 +92,7 @@ __all__ = [
     "CONFIG_ENV_VAR",
     "DEFAULT_OWNERSHIP_TAG",
     "ENV_PREFIX",
+    "REPAIRS",
     "BackendChanges",
     "BackendSettings",
     "DatabaseSettings",
@@ -93,6 +101,8 @@ __all__ = [
     "NotifySettings",
     "OwnershipSettings",
     "ReconcileSettings",
+    "Repair",
+    "RepairSettings",
     "Settings",
     "Strategy",
     "WebSettings",

@@ -26,6 +26,7 @@ __all__ = [
     "NodePlacement",
     "OwnershipSettings",
     "ReconcileSettings",
+    "Repair",
     "Strategy",
     "UniqueNames",
 ]
@@ -39,6 +40,11 @@ NodePlacement = Literal["pnode", "opportunistic", "ganeti"]
 """Who chooses the node inside a backend (``[dispatcher] node_placement``): the dispatcher
 (``pnode``), Ganeti's iallocator on the node locks that are free (``opportunistic``), or
 Ganeti's iallocator holding every node lock (``ganeti``)."""
+
+Repair = Literal["start", "migrate", "failover"]
+"""A repair ``[repair] allow`` (or a backend's ``repair_allow``) may name: ``start`` (an instance
+stopped or in error while it should run, on a node that is up), ``migrate`` (live, off a node that is
+up), ``failover`` (off a node that is offline, or fenced by ``fence_command`` then marked offline)."""
 
 UniqueNames = Literal["global", "backend"]
 """Where an instance name is unique while its instance is not DESTROYED (``[ownership]
@@ -99,6 +105,8 @@ class BackendSettings(_Section):
     insecure: bool = False
     queue_dir: Path | None = None
     drained: bool = False
+    #: the repairs allowed on this backend, replacing ``[repair] allow`` (None: that one)
+    repair_allow: list[Repair] | None = None
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_connections: int = Field(default=20, ge=1)
 

@@ -29,6 +29,7 @@ from synnefo_ganeti.config._loading import (
     requested_file,
 )
 from synnefo_ganeti.config._notify import NotifySettings
+from synnefo_ganeti.config._repair import RepairSettings
 from synnefo_ganeti.config._sections import (
     BackendSettings,
     DatabaseSettings,
@@ -44,7 +45,7 @@ __all__ = ["Settings"]
 
 class Settings(BaseSettings):
     """All the settings: ``[database]``, ``[[backends]]``, ``[ownership]``, ``[reconcile]``, ``[dispatcher]``,
-    ``[notify]``, ``[web]``.
+    ``[notify]``, ``[web]``, ``[repair]``.
 
     ``Settings()`` reads the file named by ``SYNNEFO_GANETI_CONFIG`` (if set);
     :meth:`from_file` reads a given one. ``SYNNEFO_GANETI__...`` environment variables
@@ -67,6 +68,7 @@ class Settings(BaseSettings):
     dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
     notify: NotifySettings = Field(default_factory=NotifySettings)
     web: WebSettings = Field(default_factory=WebSettings)
+    repair: RepairSettings = Field(default_factory=RepairSettings)
 
     _source: Path | None = PrivateAttr(default=None)
 

@@ -65,6 +65,7 @@ from synnefo_ganeti.dispatch._base import DispatcherStats, _replace
 from synnefo_ganeti.dispatch._follow import FOLLOW_TASK
 from synnefo_ganeti.dispatch._liveness import DispatcherLock
 from synnefo_ganeti.dispatch._observe import Observer
+from synnefo_ganeti.dispatch._repair import REPAIR_TASK, Repairer
 from synnefo_ganeti.dispatch._report import REPORT_TASK, SelfReport
 from synnefo_ganeti.dispatch._submitter import Submitter
 from synnefo_ganeti.dispatch._webhook import WebhookDeliverer
@@ -91,6 +92,7 @@ ROOT_TASKS = (
     "dispatch follow jobs",
     "dispatch observer",
     REPORT_TASK,
+    REPAIR_TASK,
     "dispatch liveness lock",
     "dispatch watchdog",
     "dispatch webhook",
@@ -108,6 +110,8 @@ class Dispatcher(Submitter):
 
     #: stores Ganeti's values of instances after their creates and modifies (set on start)
     observer: Observer | None = None
+    #: incidents and repairs by policy (set on start)
+    repairer: Repairer | None = None
     #: writes the dispatcher's report of itself and its reconcile reports in the database (set on start)
     self_report: SelfReport | None = None
 
@@ -182,6 +186,8 @@ class Dispatcher(Submitter):
         supervisor.start("dispatch observer", observer.run())
         self.self_report = SelfReport(self)  # what a console of its own reads (dispatch/_report.py)
         supervisor.start(REPORT_TASK, self.self_report.run())
+        self.repairer = Repairer(self)  # incidents and repairs by policy ([repair], dispatch/_repair.py)
+        supervisor.start(REPAIR_TASK, self.repairer.run())
         if self.store.dialect == "postgresql":
             supervisor.start("dispatch liveness lock", self._lock_loop())
         if self.notifier.watchdog_interval() is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from synnefo_ganeti.errors import RequestNotHeldError
 from synnefo_ganeti.store._backends import NodeRow
 from synnefo_ganeti.store._changes import Change
+from synnefo_ganeti.store._incidents import INCIDENT_KINDS, OUTCOMES, Incident, IncidentStore
 from synnefo_ganeti.store._instances import (
     InstanceAction,
     InstanceStatus,
@@ -42,13 +43,15 @@ from synnefo_ganeti.store._store import (
 from synnefo_ganeti.store._urls import display_url, normalize_url
 
 __all__ = [
-    "AuditRecord",
-    "DispatcherReport",
-    "ReconcileRecord",
-    "StatusStore",
+    "INCIDENT_KINDS",
     "OBSERVED_FIELDS",
+    "OUTCOMES",
+    "AuditRecord",
     "Change",
     "CommitInfo",
+    "DispatcherReport",
+    "Incident",
+    "IncidentStore",
     "InstanceAction",
     "InstanceStatus",
     "JobVersion",
@@ -58,9 +61,11 @@ __all__ = [
     "NodeFault",
     "NodeRow",
     "PruneResult",
+    "ReconcileRecord",
     "Request",
     "RequestNotHeldError",
     "RequestStatus",
+    "StatusStore",
     "Store",
     "StoredEvent",
     "StoredInstance",

@@ -2,7 +2,8 @@
 
 Rows are written by database triggers (migrations 0005, 0010 and 0012) on every insert of a
 request or an instance and on updates of a request's status, error or waiting reason and of an
-instance's status, task, last error or node state, so that every process's writes are in the
+instance's status, task, last error or node state (and by ``store/_incidents.py`` with each
+write of an incident, in its transaction: ``kind`` "incident"), so that every process's writes are in the
 feed (the API's, the CLI's, the dispatcher's), in commit order: on PostgreSQL the trigger takes
 the writers' advisory lock, so a smaller id is never committed after a larger one has been read.
 
@@ -53,12 +54,14 @@ cursors_t = cast(Table, FeedCursor.__table__)
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One change of a request or an instance, as the feed (``ControlPlane.changes``) tells it.
+    """One change of a request, an instance or an incident, as the feed (``ControlPlane.changes``) tells it.
 
-    ``id`` grows with every change (resume after it); ``kind`` is ``"request"`` or
-    ``"instance"``; ``key`` the request id or the instance id (its UUID); ``status``,
-    ``task`` (instances only) and ``error`` (a request's error, an instance's last error
-    message) are the values after the change; ``at`` when it was written (UTC);
+    ``id`` grows with every change (resume after it); ``kind`` is ``"request"``,
+    ``"instance"`` or ``"incident"``; ``key`` the request id, the instance id (its UUID) or
+    the incident's id (``IncidentStore``); ``status``, ``task`` (instances only) and
+    ``error`` (a request's error, an instance's last error message) are the values after the
+    change (an incident's: ``status`` "open" or its outcome, ``task`` its repair, ``error``
+    its detail); ``at`` when it was written (UTC);
     ``node_state`` (instances only) the state of its primary node after the change: None
     while up, "down" or "offline" (see ``StoredInstance.node_state``); ``waiting_reason``
     (requests only) why the dispatcher cannot place it now, None when it is not waiting (see
@@ -66,7 +69,7 @@ class Change:
     """
 
     id: int
-    kind: Literal["request", "instance"]
+    kind: Literal["request", "instance", "incident"]
     key: str
     status: str | None
     task: str | None
@@ -77,7 +80,8 @@ class Change:
 
     def to_json(self) -> dict[str, Any]:
         """The fields as JSON values (``at`` in ISO 8601): the webhook's body. ``node_state``
-        is there for an instance's change only, ``waiting_reason`` for a request's."""
+        is there for an instance's change only, ``waiting_reason`` for a request's (neither
+        for an incident's)."""
         body = {
             "id": self.id,
             "kind": self.kind,
@@ -89,7 +93,7 @@ class Change:
         }
         if self.kind == "instance":
             body["node_state"] = self.node_state
-        else:
+        elif self.kind == "request":
             body["waiting_reason"] = self.waiting_reason
         return body
 

@@ -174,11 +174,11 @@ class IncidentRow(Base):
     instance: Mapped[str | None] = mapped_column(String(255))
     opened_at: Mapped[datetime]
     updated_at: Mapped[datetime]
-    #: the repair chosen: "start", "migrate", "failover", "fence", or None (report only)
+    #: the repair sent: "start", "migrate", "failover", "fence" (node-down), or None (report only)
     action: Mapped[str | None] = mapped_column(String(32))
     job_id: Mapped[int | None] = mapped_column(BigInteger)
     closed_at: Mapped[datetime | None]
-    #: how it ended: "repaired", "resolved" (it went away), "failed", "report-only"
+    #: how it ended: "repaired" (its repair succeeded), "resolved" (it went away), "failed"
     outcome: Mapped[str | None] = mapped_column(String(32))
     detail: Mapped[str | None] = mapped_column(Text)
 

@@ -28,6 +28,7 @@ from synnefo_ganeti.daemon import SystemdNotifier
 from synnefo_ganeti.dispatch import Dispatcher, JobTracker, WebhookDeliverer
 from synnefo_ganeti.dispatch._follow import RecordedJobs
 from synnefo_ganeti.dispatch._observe import Observer
+from synnefo_ganeti.dispatch._repair import Repairer
 from synnefo_ganeti.dispatch._report import SelfReport
 from synnefo_ganeti.errors import ConflictError, StoreError
 from synnefo_ganeti.store import RequestStatus, Store
@@ -44,6 +45,7 @@ ROOT_TASKS: dict[str, tuple[type[Any], str]] = {
     "dispatch follow jobs": (RecordedJobs, "run"),
     "dispatch observer": (Observer, "run"),
     "dispatch report": (SelfReport, "run"),
+    "dispatch repair": (Repairer, "run"),
     "dispatch health": (Dispatcher, "_health_loop"),
     "dispatch nodes": (Dispatcher, "_nodes_loop"),
     "dispatch liveness lock": (Dispatcher, "_lock_loop"),  # PostgreSQL only
