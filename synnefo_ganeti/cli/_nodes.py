@@ -20,6 +20,7 @@ from synnefo_ganeti.allocate._node_info import BackendNodes, NodeInfo
 from synnefo_ganeti.cli._main import main
 from synnefo_ganeti.cli._options import config_option, existing, json_option, load_settings
 from synnefo_ganeti.cli._output import empty, error, print_json, run, stdout, when
+from synnefo_ganeti.cli._status import audit_cli
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.errors import GanetiError
@@ -147,8 +148,18 @@ def nodes_show(backend: str, node: str, config_file: Path, as_json: bool) -> Non
 
 
 def _drain(backend: str, node: str, config_file: Path, as_json: bool, drained: bool) -> None:
-    def call(cp: ControlPlane) -> Awaitable[NodeInfo]:
-        return cp.drain_node(backend, node) if drained else cp.undrain_node(backend, node)
+    action = "node-drain" if drained else "node-undrain"
+
+    async def call(cp: ControlPlane) -> NodeInfo:
+        try:
+            found = await (cp.drain_node(backend, node) if drained else cp.undrain_node(backend, node))
+        except GanetiError as exc:  # refused: in the audit log too
+            await audit_cli(
+                cp.store, action, backend=backend, target=node, outcome="refused", detail=str(exc)
+            )
+            raise
+        await audit_cli(cp.store, action, backend=backend, target=node)
+        return found
 
     found = _with_cp(config_file, call)
     if as_json:

@@ -11,7 +11,7 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from synnefo_ganeti.cli import main
-from synnefo_ganeti.store import NodeRow, Store
+from synnefo_ganeti.store import NodeRow, StatusStore, Store
 from synnefo_ganeti.testing import FakeGaneti
 
 N1, N2, N3 = (f"node{i}.fake.test" for i in range(1, 4))
@@ -80,6 +80,8 @@ async def test_nodes_errors_and_a_backend_not_answering(tmp_path: Path, db_url: 
 
 
 async def test_nodes_drain_and_undrain(tmp_path: Path, db_url: str) -> None:
+    async with Store(db_url):  # the database exists: each action goes to its audit log
+        pass
     async with FakeGaneti(tls=False, nodes=3) as fake:
         config = write_config(tmp_path / "config.toml", db_url, fake)
         drained = await run("nodes", "drain", "f1", N2, "--config", config)
@@ -93,6 +95,13 @@ async def test_nodes_drain_and_undrain(tmp_path: Path, db_url: str) -> None:
         master = await run("nodes", "drain", "f1", N1, "--config", config)
         assert master.exit_code == 1 and "error: node" in master.output and "master-failover" in master.output
         assert not fake.cluster.nodes[N1].drained
+    async with Store(db_url) as store:
+        log = await StatusStore(store).audit_log()
+    assert [(e.action, e.target, e.via, e.outcome) for e in log] == [
+        ("node-drain", N1, "cli", "refused"),
+        ("node-undrain", N2, "cli", "ok"),
+        ("node-drain", N2, "cli", "ok"),
+    ]
 
 
 async def test_nodes_list_without_a_database(tmp_path: Path) -> None:
