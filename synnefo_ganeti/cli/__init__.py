@@ -13,7 +13,6 @@ from synnefo_ganeti.cli import _demo as _demo  # demo
 from synnefo_ganeti.cli import _dispatch as _dispatch  # dispatcher
 from synnefo_ganeti.cli import _fake as _fake  # fake-ganeti
 from synnefo_ganeti.cli import _incidents as _incidents  # incidents list
-from synnefo_ganeti.cli import _incidents as _incidents  # incidents list
 from synnefo_ganeti.cli import _instances as _instances  # instances list|show
 from synnefo_ganeti.cli import _jobs as _jobs  # jobs list|show
 from synnefo_ganeti.cli import _maintenance as _maintenance  # maintenance plan|run|list|show|cancel
