@@ -5,7 +5,9 @@
 * **instances in error**: stored ERROR, each with its last error (the action, the job, Ganeti's
   message) and whether its node is down or offline;
 * **requests waiting**: pending requests the dispatcher cannot place now, and why (its last
-  ``waiting_reason``), the oldest first.
+  ``waiting_reason``), the oldest first;
+* **open incidents**: what the dispatcher's repair task found wrong and has not closed (a node
+  down, an instance that should run; its repair, if policy sent one), the newest first.
 
 Every part is bounded (:data:`LIMIT` rows); a part cut off says how many it holds.
 """
@@ -16,7 +18,15 @@ from dataclasses import dataclass, field
 
 from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.jobs import JobStatus
-from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, StoredInstance, StoredJob
+from synnefo_ganeti.store import (
+    Incident,
+    IncidentStore,
+    InstanceStatus,
+    Request,
+    RequestStatus,
+    StoredInstance,
+    StoredJob,
+)
 
 __all__ = ["LIMIT", "Attention", "FailedJob", "attention"]
 
@@ -39,10 +49,11 @@ class Attention:
     failed_total: int = 0
     instances: list[StoredInstance] = field(default_factory=list)
     waiting: list[Request] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
 
     @property
     def count(self) -> int:
-        return self.failed_total + len(self.instances) + len(self.waiting)
+        return self.failed_total + len(self.instances) + len(self.waiting) + len(self.incidents)
 
 
 def _failed(job: StoredJob) -> FailedJob:
@@ -53,7 +64,8 @@ def _failed(job: StoredJob) -> FailedJob:
 
 
 async def attention(cp: ControlPlane) -> Attention:
-    """Failed jobs (newest first), instances in error, requests waiting (oldest first)."""
+    """Failed jobs (newest first), instances in error, requests waiting (oldest first), open
+    incidents (newest first)."""
     store = cp.store
     jobs = await store.list_jobs(status=[JobStatus.ERROR])
     jobs.sort(key=lambda j: j.ended_at or j.updated_at, reverse=True)
@@ -64,4 +76,5 @@ async def attention(cp: ControlPlane) -> Attention:
         failed_total=len(jobs),
         instances=instances[:LIMIT],
         waiting=[r for r in pending if r.waiting_reason][:LIMIT],
+        incidents=await IncidentStore(store).incidents(open_only=True, limit=LIMIT),
     )
