@@ -1,6 +1,6 @@
 """``ControlPlane.evacuate_node`` and ``failover_node`` on the real 3-node Ganeti 3.0 testbed (issue 30).
 
-Evacuate: instances made on node2 through the ControlPlane (a running and a stopped ``diskless``, a
+Evacuate (targets by our node placement, then by Ganeti's hail): instances made on node2 through the ControlPlane (a running and a stopped ``diskless``, a
 running ``sharedfile``: the templates that move on the lab, ../shared/ganeti/multi/NOTES.md) and an
 operator's VM made through RAPI (not ours); ``evacuate_node`` is refused while node2 is not drained;
 node2 drained with ``gnt-node modify --drained yes``; then every instance is on node1 or node3, the
@@ -75,7 +75,8 @@ async def _cleanup(rapi: RapiClient, prefix: str) -> None:
     await remove_everywhere(rapi, names)
 
 
-async def test_evacuate_a_drained_node(testbed3, pg_url) -> None:
+@pytest.mark.parametrize("iallocator", [None, "hail"], ids=["our-placement", "hail"])
+async def test_evacuate_a_drained_node(testbed3, pg_url, iallocator) -> None:
     bed = testbed3.bed
     config = settings(bed, pg_url, watched=True)
     prefix = f"sg-ev{uuid.uuid4().hex[:6]}-"
@@ -102,10 +103,10 @@ async def test_evacuate_a_drained_node(testbed3, pg_url) -> None:
                 await _drained(N2, True)
                 seen: list[int] = []
                 report = await cp.evacuate_node(
-                    BACKEND, N2, progress=lambda done, total, move: seen.append(done)
+                    BACKEND, N2, iallocator=iallocator, progress=lambda done, total, move: seen.append(done)
                 )
                 print("\nevacuate report:", report.to_json())
-                assert report.ok, report.to_json()
+                assert report.ok and report.iallocator == iallocator, report.to_json()
                 moves = {m.name: m for m in report.moves}
                 ours = {running, stopped, shared}
                 assert ours | {theirs} <= set(moves), sorted(moves)
