@@ -251,3 +251,24 @@ async def test_the_fake_refuses_as_the_lab_did(tmp_path: Path, db_url: str) -> N
             assert job.failure.message == f"Can't use drained node {N3}"
         job = await client.wait_for_job(await client.migrate_instance("run.fake.test", iallocator="hail"))
         assert job.status.value == "success" and (await client.get_instance("run.fake.test")).pnode == N1
+
+
+async def test_an_instance_busy_with_another_action_is_reported_failed_and_left_alone(
+    tmp_path: Path, db_url: str
+) -> None:
+    async with cloud_plane(
+        tmp_path, db_url, quick=QUICK_NODES, fake_options={"nodes": 3}, OP_INSTANCE_REBOOT=30.0
+    ) as (fake, cp):
+        busy = await made(cp, spec("busy.fake.test"))
+        await made(cp, spec("free.fake.test"))
+        reboot = await cp.reboot_instance(busy)
+        await drain(fake, cp, N2)
+        report = await cp.evacuate_node("f1", N2)
+        moves = {m.name: m for m in report.moves}
+        assert moves["free.fake.test"].outcome is MoveOutcome.MOVED
+        stuck = moves["busy.fake.test"]
+        assert (stuck.outcome, stuck.job_id) == (MoveOutcome.FAILED, None) and "reboot" in str(stuck.error)
+        assert (await ganeti_pnodes(cp))["busy.fake.test"] == N2
+        row = await cp.get_instance(busy)
+        assert row is not None and row.task_job_id == reboot  # its own action untouched
+        await (await cp.client("f1")).cancel_job(reboot)
