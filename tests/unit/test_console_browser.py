@@ -296,6 +296,7 @@ async def _scenario(b: Browser, world: DemoWorld, By: Any) -> None:
     await run(b.until, lambda: "fix operstate on large: 1 fixed" in b.text(), "the fix's message")
     stored = await world.store.get_instance("large", victim)
     assert stored is not None and stored.status is InstanceStatus.STOPPED
+    await _operations(b, world, By)
     await run(b.logout)
 
     # a viewer: no action buttons, and an action sent anyway is refused
@@ -313,7 +314,70 @@ async def _scenario(b: Browser, world: DemoWorld, By: Any) -> None:
         """,
     )
     assert status[0] == 403 and "victor is a viewer" in status[1], status
+    # a viewer sees the node and instance pages without their actions
+    node = sorted(world.fakes["medium"].cluster.nodes)[-1]
+    await run(b.open, f"/nodes/medium/{node}")
+    await run(b.until, lambda: "Primary instances" in b.text(), "a node's page, as a viewer")
+    for css in ("#node-drain", "#node-evacuate", "#node-failover"):
+        assert not b.driver.find_element(By.CSS_SELECTOR, css).is_displayed(), css
+    await run(b.open, "/audit")
+    await run(b.until, lambda: "node-drain" in b.text(), "the audit log, as a viewer")
     await run(b.logout)
     await run(b.open, "/")
     assert "/login" in b.driver.current_url
     assert "alpha" not in b.driver.page_source and "drift" not in b.driver.current_url
+
+
+async def _operations(b: Browser, world: DemoWorld, By: Any) -> None:
+    """As an operator: the dispatcher on the overview, a node's page, its drain and evacuation from
+    the page, an instance stopped and started from its page, the audit log and what needs attention."""
+    run = asyncio.to_thread
+    await run(b.open, "/")
+    await run(
+        b.until, lambda: "alive" in b.text() and world.dispatcher.id in b.text(), "the dispatcher's card"
+    )
+    await run(b.shot, "dispatchers")
+    await run(b.open, "/nodes")
+    await run(b.until, lambda: "medium" in b.text() and "as of" in b.text(), "the nodes page")
+    await run(b.shot, "nodes")
+    medium = world.fakes["medium"].cluster
+    # the node (not the master) with the most primaries: the demo's instances are diskless, so
+    # Ganeti moves none of them (the report says why for each)
+    others = [name for name, n in medium.nodes.items() if not n.master]
+    node = max(others, key=lambda name: sum(i.pnode == name for i in medium.instances.values()))
+    await run(b.click, f'a[href="/nodes/medium/{node}"]')
+    await run(b.until, lambda: "Primary instances" in b.text(), "the node's page")
+    await run(b.click, "#node-drain")
+    await run(b.until, lambda: f"drained node {node} on medium" in b.text(), "the drain's message")
+    assert medium.nodes[node].drained
+    await run(b.click, "#node-evacuate")
+    await run(b.until, lambda: "Evacuate " in b.text(), "the evacuation's confirmation")
+    await run(b.click, "#confirm-evacuate")
+    await run(
+        b.until,
+        lambda: b.driver.find_elements(By.CSS_SELECTOR, '#node-work[data-running="no"]'),
+        "the evacuation's report",
+    )
+    report = b.text()
+    moved = sum(i.pnode == node for i in medium.instances.values())
+    assert moved == 0 or "skipped" in report or "moved" in report, report
+    await run(b.shot, "node")
+    await run(b.click, "#node-undrain")
+    await run(b.until, lambda: f"undrained node {node} on medium" in b.text(), "the undrain's message")
+    assert not medium.nodes[node].drained
+
+    started = await world.store.list_instances(status=[InstanceStatus.STARTED])
+    target = started[0]
+    await run(b.open, f"/instances/{target.id}")
+    await run(b.click, "#instance-stop")
+    await run(b.until, lambda: b.badge("#detail h1") == "STOPPED", "the instance stopped, live")
+    await run(b.click, "#instance-start")
+    await run(b.until, lambda: b.badge("#detail h1") == "STARTED", "the instance started again, live")
+    await run(b.open, "/audit")
+    await run(b.until, lambda: "instance-start" in b.text() and "node-evacuate" in b.text(), "the audit log")
+    await run(b.shot, "audit")
+    await run(b.open, "/attention")
+    await run(
+        b.until, lambda: "Failed jobs" in b.text() and "Requests waiting" in b.text(), "needs attention"
+    )
+    await run(b.shot, "attention")
