@@ -20,9 +20,11 @@ from rich.table import Table
 from synnefo_ganeti.cli._nodes import nodes
 from synnefo_ganeti.cli._options import config_option, existing, json_option, load_settings
 from synnefo_ganeti.cli._output import print_json, run, stderr, stdout
+from synnefo_ganeti.cli._status import audit_cli
 from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.control._node_plan import InstanceMove, NodeMoveReport
 from synnefo_ganeti.control._node_plan import Progress as OnProgress
+from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.store import Store
 
 __all__ = ["nodes"]
@@ -30,8 +32,11 @@ __all__ = ["nodes"]
 Move = Callable[[ControlPlane, OnProgress], Awaitable[NodeMoveReport]]
 
 
-def _run_moves(config_file: Path, what: str, move: Move, *, as_json: bool) -> NodeMoveReport:
+def _run_moves(
+    config_file: Path, what: str, move: Move, *, as_json: bool, backend: str, node: str, operation: str
+) -> NodeMoveReport:
     settings = load_settings(config_file)
+    action = f"node-{operation}"
 
     async def go() -> NodeMoveReport:
         async with (
@@ -49,7 +54,18 @@ def _run_moves(config_file: Path, what: str, move: Move, *, as_json: bool) -> No
                     if moved is not None:
                         progress.update(task, description=f"{what}: {moved.name} {moved.outcome.value}")
 
-                return await move(cp, advance)
+                await audit_cli(store, f"{action}-start", backend=backend, target=node)
+                try:
+                    report = await move(cp, advance)
+                except GanetiError as exc:  # refused: in the audit log too
+                    await audit_cli(
+                        store, action, backend=backend, target=node, outcome="refused", detail=str(exc)
+                    )
+                    raise
+                counts = ", ".join(f"{n} {k}" for k, n in report.counts.items() if n) or "nothing to move"
+                outcome = "ok" if report.ok else "failed"
+                await audit_cli(store, action, backend=backend, target=node, outcome=outcome, detail=counts)
+                return report
 
     return run(go())
 
@@ -96,6 +112,9 @@ def nodes_evacuate(backend: str, node: str, iallocator: str | None, config_file:
         f"evacuating {node}",
         lambda cp, advance: cp.evacuate_node(backend, node, iallocator=iallocator, progress=advance),
         as_json=as_json,
+        backend=backend,
+        node=node,
+        operation="evacuate",
     )
     _print(report, as_json)
 
@@ -118,5 +137,8 @@ def nodes_failover(backend: str, node: str, yes: bool, config_file: Path, as_jso
         f"failing over {node}",
         lambda cp, advance: cp.failover_node(backend, node, yes=yes, progress=advance),
         as_json=as_json,
+        backend=backend,
+        node=node,
+        operation="failover",
     )
     _print(report, as_json)

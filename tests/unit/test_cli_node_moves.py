@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from synnefo_ganeti.cli import main
-from synnefo_ganeti.store import InstanceStatus
+from synnefo_ganeti.store import InstanceStatus, StatusStore
 from synnefo_ganeti.testing import FakeGaneti
 from tests.unit.test_node_evacuate import N2, N3, drain, made, plane, spec
 
@@ -49,6 +49,16 @@ async def test_nodes_evacuate(tmp_path: Path, db_url: str) -> None:
         empty = await cli("nodes", "evacuate", "f1", N2, "--config", config)
         assert empty.exit_code == 0 and "0 moved, 0 failed, 0 skipped" in empty.output
         assert "no primary instances on the node" in empty.output
+        log = await StatusStore(cp.store).audit_log()
+        assert [(e.action, e.outcome, e.via, e.detail) for e in log] == [
+            ("node-evacuate", "ok", "cli", "nothing to move"),
+            ("node-evacuate-start", "ok", "cli", None),
+            ("node-evacuate", "ok", "cli", "2 moved"),
+            ("node-evacuate-start", "ok", "cli", None),
+            ("node-evacuate", "refused", "cli", log[4].detail),
+            ("node-evacuate-start", "ok", "cli", None),
+        ]
+        assert log[4].detail is not None and "not drained" in log[4].detail
 
 
 async def test_nodes_failover(tmp_path: Path, db_url: str) -> None:
