@@ -16,7 +16,7 @@ sends each repair the plan allows:
   so a repair never runs beside another action on the same instance (a user's, an operator's,
   another repair), and the job is recorded, so the watcher or the RAPI tracker stores its end;
   the incident keeps the job, and the next pass closes it ``repaired`` or ``failed`` from the
-  job's stored end;
+  job's stored end (a move's new primary node then read from Ganeti and stored);
 * ``fence`` (a node down for ``node_down_after``): ``fence_command`` runs with the node's name
   (never through a shell, bounded by ``fence_timeout``); its exit 0 is the operator's word that
   the node is safe, and only then the node is marked offline in Ganeti (``auto_promote``), the
@@ -51,7 +51,13 @@ from synnefo_ganeti.allocate._repair import (
 from synnefo_ganeti.control._actions import run_action
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.rapi import RapiClient
-from synnefo_ganeti.store import Incident, IncidentStore, InstanceAction, InstanceStatus
+from synnefo_ganeti.store import (
+    Incident,
+    IncidentStore,
+    InstanceAction,
+    InstanceStatus,
+    record_observed,
+)
 
 if TYPE_CHECKING:
     from synnefo_ganeti.dispatch._base import DispatcherBase
@@ -188,6 +194,8 @@ class Repairer:
             incident = await self.incidents.close_incident(close.id, close.outcome, detail=close.detail)
             if close.outcome == "failed":
                 self._failed[(backend, incident.kind, incident.node, incident.instance)] = time.time()
+            elif incident.action in ("failover", "migrate") and incident.instance is not None:
+                await self._landed(backend, client, incident.instance)
             log.warning(
                 "repair: incident %d (%s %s) closed %s: %s",
                 incident.id, incident.kind, incident.instance or incident.node, close.outcome, close.detail,
@@ -234,6 +242,16 @@ class Repairer:
         log.warning(
             "repair: %s of %s on %s sent (job %d, incident %d)", action, name, backend, job_id, incident.id
         )
+
+    async def _landed(self, backend: str, client: RapiClient, name: str) -> None:
+        """After a move succeeded: the instance's primary node as Ganeti reads it, stored."""
+        try:
+            pnode = (await client.get_instance(name)).pnode
+        except GanetiError as exc:
+            log.info("repair: %s moved; its node not read (%s): the next reconcile pass stores it", name, exc)
+            return
+        if pnode is not None:
+            await record_observed(self.dispatcher.store, backend, {name: {"pnode": pnode}})
 
     async def _fence(self, backend: str, client: RapiClient, incident: Incident) -> None:
         settings = self.dispatcher.settings.repair

@@ -97,8 +97,13 @@ async def test_a_dead_node_is_fenced_and_its_instances_fail_over(tmp_path: Path,
         assert moved.job_id is not None
         job = await client.get_job(moved.job_id)
         assert job.ops[0]["ignore_consistency"] is True
-        row = await settled(cp, vm, InstanceStatus.STARTED)
-        assert row.pnode in (N1, N2)
+        ganeti_node = (await client.get_instance("vm.fake.test")).pnode
+        assert ganeti_node in (N1, N2)
+
+        async def stored_node() -> bool:
+            return (await settled(cp, vm, InstanceStatus.STARTED)).pnode == ganeti_node
+
+        await helpers.eventually(stored_node, what="the store's pnode after the failover")
         assert (await client.get_instance("vm.fake.test")).oper_state is True
 
         # the suspended one: an incident, report only, nothing sent
