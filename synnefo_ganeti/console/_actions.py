@@ -118,10 +118,10 @@ class Actions:
         return report
 
     async def run_pass(self, request: web.Request) -> web.Response:
-        session = require_operator(request)
         form = await request.post()
         name = form.get("backend")
         backends = [self._backend(name)] if isinstance(name, str) and name else None
+        session = require_operator(request, backends[0] if backends else None)
         report = await self._reconcile(session, backends)
         await self.audit(
             session,
@@ -132,8 +132,9 @@ class Actions:
         raise web.HTTPSeeOther("/drift")
 
     async def fix_kind(self, request: web.Request) -> web.Response:
-        session = require_operator(request)
+        require_operator(request)
         backend = self._backend(await _field(request, "backend"))
+        session = require_operator(request, backend)
         kind = await _field(request, "fix")
         try:
             fix = Fix(kind)
@@ -160,8 +161,9 @@ class Actions:
         return page("confirm_orphan.html", request, context)
 
     async def delete_orphan(self, request: web.Request) -> web.Response:
-        session = require_operator(request)
+        require_operator(request)
         backend = self._backend(await _field(request, "backend"))
+        session = require_operator(request, backend)
         name = await _field(request, "name")
         typed = (await request.post()).get("confirm")
         if typed != name:
@@ -202,8 +204,9 @@ class Actions:
         return await self._set_drained(request, False)
 
     async def _set_drained(self, request: web.Request, drained: bool) -> web.Response:
-        session = require_operator(request)
+        require_operator(request)
         backend = self._backend(request.match_info["name"])
+        session = require_operator(request, backend)
         changed = await self._cp().store.set_backend_drained(backend, drained)
         what = "drained" if drained else "undrained"
         await self.audit(
@@ -216,8 +219,14 @@ class Actions:
         raise web.HTTPSeeOther("/")
 
     async def cancel_request(self, request: web.Request) -> web.Response:
-        session = require_operator(request)
+        require_operator(request)
         request_id = request.match_info["id"]
+        try:
+            held = await self._cp().get_request(request_id)
+        except NotFoundError as exc:
+            raise web.HTTPNotFound(text=str(exc)) from None
+        # (a request not placed yet: only an operator of every backend, or of the one it names)
+        session = require_operator(request, held.backend or held.want_backend)
         try:
             req = await self._cp().cancel_request(request_id)
         except NotFoundError as exc:

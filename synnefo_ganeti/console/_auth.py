@@ -8,7 +8,9 @@ Nothing is served without a session, except the login page and the static files.
   random token (a token is as good as a password: high entropy makes a plain hash
   enough). The files are read again at each login, so edits need no restart.
 * **Roles**: ``viewer`` reads every page; ``operator`` also acts (reconcile, fixes,
-  deleting an orphan, draining, canceling). An action by a viewer is a 403.
+  deleting an orphan, draining, canceling, node and instance actions). An action by a viewer is
+  a 403. ``operator@b1,b2`` is an operator of those backends only (a viewer of the others): an
+  action on another backend, or on every backend at once, is a 403.
 * **Sessions** live in memory (a restart logs everyone out): a random id in a cookie
   that is ``HttpOnly``, ``SameSite=Strict`` and ``Secure`` (unless ``[web]
   secure_cookies = false``, for plain HTTP on loopback); it ends after ``session_hours``
@@ -89,6 +91,8 @@ class User:
     name: str
     role: Role
     secret_hash: str = field(repr=False)
+    #: an operator of these backends only (``operator@b1,b2``); None: of every backend
+    backends: frozenset[str] | None = None
 
     @property
     def is_operator(self) -> bool:
@@ -112,11 +116,20 @@ def read_users(path: Path, *, what: str = "users_file") -> dict[str, User]:
         if len(parts) != 3 or not parts[0] or not parts[2]:
             raise ConfigError(f"[web] {what} {path}, line {number}: expected name:role:hash")
         name, role, secret_hash = parts
+        backends: frozenset[str] | None = None
+        if role.startswith("operator@"):
+            backends = frozenset(b.strip() for b in role.split("@", 1)[1].split(",") if b.strip())
+            if not backends:
+                raise ConfigError(
+                    f"[web] {what} {path}, line {number}: role {role!r} names no backend (operator@b1,b2)"
+                )
+            role = "operator"
         if role not in ROLES:
             raise ConfigError(
-                f"[web] {what} {path}, line {number}: role {role!r} is neither viewer nor operator"
+                f"[web] {what} {path}, line {number}: role {role!r} is neither viewer, operator nor "
+                "operator@BACKEND,..."
             )
-        users[name] = User(name, role, secret_hash)  # role: checked above
+        users[name] = User(name, role, secret_hash, backends)  # role: checked above
     return users
 
 
@@ -131,10 +144,22 @@ class Session:
     last_seen: float = field(default_factory=time.monotonic)
     #: what the last actions did, shown once on the next page
     flash: list[str] = field(default_factory=list)
+    #: an operator of these backends only; None: of every backend
+    backends: frozenset[str] | None = None
 
     @property
     def is_operator(self) -> bool:
         return self.role == "operator"
+
+    def may_act(self, backend: str | None) -> bool:
+        """An operator of ``backend`` (None: of every backend at once)."""
+        if not self.is_operator:
+            return False
+        return self.backends is None or (backend is not None and backend in self.backends)
+
+    @property
+    def role_text(self) -> str:
+        return f"operator of {', '.join(sorted(self.backends))}" if self.backends is not None else self.role
 
 
 #: the request's session (set by :meth:`Auth.middleware`)
@@ -171,8 +196,8 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def open(self, user: str, role: Role) -> Session:
-        session = Session(secrets.token_urlsafe(32), user, role, secrets.token_urlsafe(32))
+    def open(self, user: str, role: Role, backends: frozenset[str] | None = None) -> Session:
+        session = Session(secrets.token_urlsafe(32), user, role, secrets.token_urlsafe(32), backends=backends)
         self._sessions[session.id] = session
         return session
 
@@ -254,7 +279,7 @@ class Auth:
             log.warning("console: failed login for %r from %s", name, peer)
             return None
         log.info("console: %s (%s) logged in from %s", user.name, user.role, peer)
-        return self.sessions.open(user.name, user.role)
+        return self.sessions.open(user.name, user.role, user.backends)
 
     def login_token(self, token: str, peer: str) -> Session | None:
         if self._throttled(peer) or self.tokens_file is None:
@@ -263,7 +288,7 @@ class Auth:
         for user in read_users(self.tokens_file, what="tokens_file").values():
             if hmac.compare_digest(user.secret_hash, wanted):
                 log.info("console: %s (%s) logged in with a token from %s", user.name, user.role, peer)
-                return self.sessions.open(user.name, user.role)
+                return self.sessions.open(user.name, user.role, user.backends)
         self._failed(peer)
         log.warning("console: failed token login from %s", peer)
         return None
@@ -326,10 +351,21 @@ def _own_origins(request: web.Request) -> Iterable[str]:
     return {f"http://{host}", f"https://{host}"}
 
 
-def require_operator(request: web.Request) -> Session:
-    """The session of an operator; a 403 for a viewer (every action calls it first)."""
+_ANY = object()
+
+
+def require_operator(request: web.Request, backend: str | object | None = _ANY) -> Session:
+    """The session of an operator; a 403 for a viewer (every action calls it first). With
+    ``backend`` (None: every backend at once), an operator of some backends only must be one of it."""
     session = request[SESSION]
     if not session.is_operator:
         log.warning("console: %s (viewer) tried %s %s: refused", session.user, request.method, request.path)
         raise web.HTTPForbidden(text=f"refused: {session.user} is a viewer; only operators act")
+    if backend is not _ANY and not session.may_act(backend if isinstance(backend, str) else None):
+        where = f"backend {backend}" if isinstance(backend, str) else "every backend at once"
+        log.warning("console: %s (%s) tried %s %s on %s: refused", session.user, session.role_text,
+                    request.method, request.path, where)  # fmt: skip
+        raise web.HTTPForbidden(
+            text=f"refused: {session.user} is an {session.role_text} only; not of {where}"
+        )
     return session

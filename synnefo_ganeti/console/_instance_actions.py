@@ -61,8 +61,9 @@ class InstanceActions:
         return page("confirm_instance.html", request, context)
 
     async def act(self, request: web.Request) -> web.Response:
-        session = require_operator(request)
+        require_operator(request)
         instance = await self._instance(request)
+        session = require_operator(request, instance.backend)
         action = request.match_info["action"]
         back = f"/instances/{instance.id}"
         if action in CONFIRMED:

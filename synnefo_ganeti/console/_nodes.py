@@ -179,8 +179,9 @@ class NodePages:
         return await self._set_drained(request, False)
 
     async def _set_drained(self, request: web.Request, drained: bool) -> web.Response:
-        session = require_operator(request)
+        require_operator(request)
         backend, name = self._where(request)
+        session = require_operator(request, backend)
         action = "node-drain" if drained else "node-undrain"
         cp = self._cp()
         try:
@@ -198,8 +199,9 @@ class NodePages:
         raise web.HTTPSeeOther(f"/nodes/{backend}/{name}")
 
     async def evacuate(self, request: web.Request) -> web.Response:
-        session = require_operator(request)
+        require_operator(request)
         backend, name = self._where(request)
+        session = require_operator(request, backend)
         form = await request.post()
         iallocator = form.get("iallocator") or None
         if iallocator is not None and not isinstance(iallocator, str):
@@ -213,8 +215,9 @@ class NodePages:
         )
 
     async def failover(self, request: web.Request) -> web.Response:
-        session = require_operator(request)
+        require_operator(request)
         backend, name = self._where(request)
+        session = require_operator(request, backend)
         form = await request.post()
         if form.get("confirm") != name:
             session.flash.append(f"not failed over: type the node's name ({name}) to confirm")

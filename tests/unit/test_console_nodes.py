@@ -17,8 +17,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from synnefo_ganeti import ControlPlane
 from synnefo_ganeti.config import Settings
-from synnefo_ganeti.console import Console
+from synnefo_ganeti.console import Console, hash_password, read_users
 from synnefo_ganeti.dispatch import Dispatcher
+from synnefo_ganeti.errors import ConfigError
 from synnefo_ganeti.store import InstanceStatus, StatusStore, Store
 from synnefo_ganeti.testing import FakeGaneti
 from tests.helpers import eventually, spec
@@ -225,3 +226,55 @@ async def test_an_operator_acts_on_an_instance_from_its_page_and_a_viewer_cannot
         ("instance-start", "ok", True),
         ("instance-stop", "ok", True),
     ]
+
+
+async def test_an_operator_of_some_backends_acts_only_there(tmp_path: Path) -> None:
+    """``operator@beta``: an operator of beta and a viewer of alpha (the node, instance, drain and
+    reconcile actions refused there with a 403, and the pages hide them), a reconcile over every
+    backend refused; a bad role line is an error naming the file and the line."""
+    users = tmp_path / "console.users"
+    users.write_text(f"otto:operator@beta:{hash_password('otto-Pa55-word')}\n")
+    db_url = f"sqlite:///{tmp_path / 'store.db'}"
+    async with (
+        FakeGaneti(tls=False, nodes=2, op_times=QUICK) as a,
+        FakeGaneti(tls=False, nodes=2, op_times=QUICK) as b,
+    ):
+        settings = Settings(
+            database={"url": db_url},
+            backends=[
+                {"name": "alpha", "url": a.url, "username": a.username, "password": a.password},
+                {"name": "beta", "url": b.url, "username": b.username, "password": b.password},
+            ],
+            web={"users_file": str(users), "secure_cookies": False},
+        )
+        async with Store(db_url) as store, ControlPlane(settings, store=store):
+            console = Console(settings, store=store, capacity_interval=0.2, live_interval=0.05)
+            client: TestClient[Any, Any] = TestClient(TestServer(console.build()))
+            await client.start_server()
+            try:
+                response = await client.post(
+                    "/login", data={"username": "otto", "password": "otto-Pa55-word"}, allow_redirects=False
+                )
+                assert response.status == 303
+                page = await (await client.get("/")).text()
+                assert "operator of beta" in page
+                csrf = page.split('name="csrf-token" content="', 1)[1].split('"', 1)[0]
+                node_a, node_b = sorted(a.cluster.nodes)[-1], sorted(b.cluster.nodes)[-1]
+                refused = await client.post(f"/nodes/alpha/{node_a}/drain", data={"csrf": csrf})
+                assert refused.status == 403 and "not of backend alpha" in await refused.text()
+                assert not a.cluster.nodes[node_a].drained
+                assert (await client.post("/backends/alpha/drain", data={"csrf": csrf})).status == 403
+                assert (await client.post("/drift/run", data={"csrf": csrf})).status == 403  # every backend
+                done = await client.post(f"/nodes/beta/{node_b}/drain", data={"csrf": csrf})
+                assert done.status == 200 and b.cluster.nodes[node_b].drained
+                shown = await (await client.get(f"/nodes/alpha/{node_a}")).text()
+                assert '<div class="actions op-only" hidden>' in shown
+                assert (
+                    '<div class="actions op-only">'
+                    in await (await client.get(f"/nodes/beta/{node_b}")).text()
+                )
+            finally:
+                await client.close()
+    users.write_text(f"otto:operator@:{hash_password('x')}\n")
+    with pytest.raises(ConfigError, match="line 1: role 'operator@' names no backend"):
+        read_users(users)
