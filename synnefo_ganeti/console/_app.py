@@ -37,6 +37,7 @@ from synnefo_ganeti.console._auth import SESSION, Auth, Role, page
 from synnefo_ganeti.console._data import Capacity, Reports
 from synnefo_ganeti.console._instance_actions import InstanceActions
 from synnefo_ganeti.console._live import CLOSED, Hub
+from synnefo_ganeti.console._maintenance import MaintenancePages
 from synnefo_ganeti.console._nodes import NodePages
 from synnefo_ganeti.console._views import Views
 from synnefo_ganeti.control import ControlPlane
@@ -105,6 +106,7 @@ class Console:
         self.actions = Actions(self.control_plane, self.hub, self.capacity, self.reports)
         self.nodes = NodePages(self.control_plane, self.actions)  # node pages, drain, evacuate, failover
         self.instance_actions = InstanceActions(self.control_plane, self.actions)  # start ... delete
+        self.maintenance = MaintenancePages(self.control_plane)  # rolling maintenance runs (read only)
         self.reports.on_record.append(lambda: self.hub.mark(("drift", "")))
         self.capacity.on_refresh.append(lambda: self.hub.mark(("overview", "")))
         self._capacity_task: asyncio.Task[None] | None = None
@@ -165,6 +167,7 @@ class Console:
                 *self.actions.routes(),
                 *self.nodes.routes(),
                 *self.instance_actions.routes(),
+                *self.maintenance.routes(),
             ]
         )
         app.on_startup.append(self._start)
