@@ -151,3 +151,34 @@ async def test_an_instance_that_should_run_is_started_and_one_a_user_stopped_is_
         assert (await client.get_instance("vm.fake.test")).status == "running"
         assert all(i.instance != "off.fake.test" for i in await incidents.incidents())
         assert (await client.get_instance("off.fake.test")).status == "ADMIN_down"
+
+
+async def test_a_fence_that_fails_marks_nothing_offline_and_is_not_repeated(
+    tmp_path: Path, db_url: str
+) -> None:
+    script = tmp_path / "fence.sh"
+    script.write_text('#!/bin/sh\necho "no power switch for $1"\nexit 3\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    async with lab(tmp_path, db_url, allow=["failover"], fence_command=f"{script} {{node}}") as (
+        fake, cp, _d, client
+    ):  # fmt: skip
+        await made(cp, "vm.fake.test", N3)
+        await client.wait_for_job(await client.add_cluster_tags([FAILOVER_TAG]))
+        incidents = IncidentStore(cp.store)
+        fake.crash_node(N3)
+        failed = await incident(incidents, "node-down", closed=True)
+        assert (failed.action, failed.outcome) == ("fence", "failed")
+        assert "exited 3: no power switch for node3.fake.test" in (failed.detail or "")
+
+        async def held() -> Incident | None:
+            for i in await incidents.incidents(open_only=True):
+                if i.kind == "node-down" and "not repeated" in (i.detail or ""):
+                    return i
+            return None
+
+        again = await helpers.eventually(held, what="a new node-down incident, report only")
+        assert again.action is None
+        assert not (await client.get_node(N3)).offline  # never marked offline without the fence
+        lost = await incident(incidents, "instance-error", instance="vm.fake.test")
+        assert lost.open and lost.action is None
+        assert (await client.get_instance("vm.fake.test")).pnode == N3
