@@ -28,8 +28,9 @@ Off (``allow`` empty, the default) it still opens and closes incidents: report o
 here starts an instance whose old node may still run it: a failover waits for the node to be
 offline, a start needs its node up (and, after a failed migration, every node up).
 
-A pass that cannot read a backend (Ganeti or the database busy) is logged and the next pass
-tries again; a repair Ganeti refuses closes its incident ``failed``. The task returns never; a
+Several dispatchers on one PostgreSQL database look at a backend one at a time (an advisory
+lock per backend, as the reconciler's). A pass that cannot read a backend (Ganeti or the
+database busy) is logged and the next pass tries again; a repair Ganeti refuses closes its incident ``failed``. The task returns never; a
 bug in it stops the dispatcher, as any root task's.
 """
 
@@ -101,11 +102,26 @@ class Repairer:
                 if d.health is not None and not d.health.tracker.is_up(name):
                     continue
                 try:
-                    await self.pass_once(name)
+                    await self._held_pass(name)
                 except (GanetiError, OSError, TimeoutError) as exc:
                     log.warning("repair: backend %s not looked at (%s); again in the next pass", name, exc)
             self.passes += 1
             await asyncio.sleep(d.settings.repair.interval)
+
+    async def _held_pass(self, backend: str) -> None:
+        """:meth:`pass_once` holding the advisory lock ``repair:BACKEND`` on PostgreSQL (the
+        dispatcher's liveness connection, as the reconciler's per-backend lock), so that several
+        dispatchers on one database repair a backend one at a time (never a node fenced twice)."""
+        lock = self.dispatcher._lock
+        if lock is None or self.dispatcher.store.dialect != "postgresql":
+            await self.pass_once(backend)
+            return
+        if not await lock._try(f"repair:{backend}"):
+            return  # another dispatcher looks at it now
+        try:
+            await self.pass_once(backend)
+        finally:
+            await lock._unlock(f"repair:{backend}")
 
     async def facts(self, backend: str, client: RapiClient) -> BackendFacts:
         """What :func:`plan_repairs` reads of ``backend`` now."""
