@@ -15,11 +15,12 @@ import pytest
 
 from synnefo_ganeti import ConflictError, ControlPlane, InvalidError
 from synnefo_ganeti.control._maintenance import CommandResult, MaintenanceOptions, RollingMaintenance
+from synnefo_ganeti.control._maintenance_steps import MaintenanceStepError, Steps
 from synnefo_ganeti.store import StatusStore
 from synnefo_ganeti.testing import FakeGaneti
 from tests import helpers
 from tests.unit.test_cloud_actions import plane as cloud_plane
-from tests.unit.test_node_evacuate import QUICK_NODES, made
+from tests.unit.test_node_evacuate import QUICK_NODES, drain, made
 
 N1, N2, N3 = "node1.fake.test", "node2.fake.test", "node3.fake.test"
 REBOOT = "reboot {node}"
@@ -209,3 +210,22 @@ async def test_refusals_and_cancel(tmp_path: Path, db_url: str) -> None:
 
 def _count(fake: FakeGaneti, op_id: str) -> int:
     return sum(1 for job in fake.cluster.jobs.values() for op in job.ops if op.op_id == op_id)
+
+
+async def test_the_masters_turn_needs_a_candidate_and_skips_what_is_done(tmp_path: Path, db_url: str) -> None:
+    async with plane(tmp_path, db_url) as (fake, cp):
+        lab = Lab(fake)
+        steps = Steps(cp, "f1", REBOOT, OPTIONS, lab)
+        assert await steps.run("failback", N1) == f"{N1} is the master already"
+        assert await steps.run("undrain", N2) == "not drained"
+        await drain(fake, cp, N2)
+        await drain(fake, cp, N3)
+        with pytest.raises(MaintenanceStepError, match=rf"no master candidate of backend f1 .* from {N1}"):
+            await steps.run("failover", N1)
+        assert lab.commands == [] and master(fake) == N1
+        await drain(fake, cp, N3, False)
+        assert (await steps.run("failover", N1)).startswith(f"master role to {N3} from {N1}")
+        assert master(fake) == N3 and lab.commands == [f"failover {N3}"]
+        assert "not the master any more" in await steps.run("failover", N1)
+        with pytest.raises(MaintenanceStepError, match="unknown maintenance phase"):
+            await steps.run("dance", N1)
