@@ -31,7 +31,7 @@ from synnefo_ganeti.control._maintenance import (
     RollingMaintenance,
     shell_command,
 )
-from synnefo_ganeti.store import InstanceStatus, Store
+from synnefo_ganeti.store import InstanceStatus, StatusStore, Store
 from tests.conftest import IN_CI
 from tests.helpers import eventually
 from tests.integration._testbed import BACKEND, TESTBED, ns30, spec
@@ -179,6 +179,20 @@ async def test_a_rolling_maintenance_of_every_node_keeps_the_instances_running(
                 nodes = await rapi.list_nodes()
                 assert not any(n.drained or n.offline for n in nodes), [(n.name, n.role) for n in nodes]
                 await running(None, "at the end")
+                # the master's role went to node2 and back; the moves went at Ganeti's low priority
+                audit = await StatusStore(store).audit_log(backend=BACKEND, limit=200)
+                handed = [
+                    a.detail or ""
+                    for a in audit
+                    if a.action in ("maintenance failover", "maintenance failback")
+                ]
+                assert any(f"master role to node2.ganeti.test from {MASTER}" in d for d in handed), handed
+                assert any(f"master role to {MASTER}" in d for d in handed), handed
+                rows = await rapi.query_rows("job", ["summary", "oppriority"])
+                moves = [(summary, prio) for summary, prio in rows
+                         if summary and prefix in summary[0] and "MIGRATE" in summary[0]]  # fmt: skip
+                print("\nmoves and their priorities:", moves)
+                assert moves and all(prio == [10] for _, prio in moves), moves
         finally:
             try:
                 await _heal(rapi)
