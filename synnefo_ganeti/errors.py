@@ -56,6 +56,7 @@ __all__ = [
     "JobFailedError",
     "JobFileError",
     "JobNotFoundError",
+    "MaintenanceStepError",
     "NoCapacityError",
     "NotFoundError",
     "OutcomeUnknownError",
@@ -265,6 +266,12 @@ class NoCapacityError(GanetiError):
         super().__init__(f"no backend can take an instance of {requirement.describe()}: {detail}")
         self.requirement = requirement
         self.reasons = dict(reasons)
+
+
+class MaintenanceStepError(GanetiError):
+    """A step of a rolling maintenance did not reach its end (no master candidate, a node that did
+    not come back, the operator's command failed); the message says which and why. The run is
+    stored as failed at that step: ``synnefo-ganeti maintenance run BACKEND`` resumes it there."""
 
 
 class StoreError(GanetiError):

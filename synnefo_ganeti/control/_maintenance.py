@@ -49,8 +49,14 @@ from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 from synnefo_ganeti.allocate import MaintenancePlan, maintenance_inputs, plan_maintenance
-from synnefo_ganeti.control._maintenance_steps import MaintenanceStepError, Steps
-from synnefo_ganeti.errors import ConfigError, ConflictError, InvalidError, NotFoundError
+from synnefo_ganeti.control._maintenance_steps import Steps
+from synnefo_ganeti.errors import (
+    ConfigError,
+    ConflictError,
+    InvalidError,
+    MaintenanceStepError,
+    NotFoundError,
+)
 from synnefo_ganeti.rapi._base import PRIORITY_LOW, job_priority
 from synnefo_ganeti.store._maintenance import MaintenanceRecord, MaintenanceStore
 from synnefo_ganeti.store._status import StatusStore

@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from synnefo_ganeti.errors import GanetiError
+from synnefo_ganeti.errors import GanetiError, MaintenanceStepError
 from synnefo_ganeti.rapi import Node
 
 if TYPE_CHECKING:
@@ -38,10 +38,6 @@ log = logging.getLogger("synnefo_ganeti.maintenance")
 
 #: characters of a failed command's output kept in the error
 OUTPUT_TAIL = 600
-
-
-class MaintenanceStepError(GanetiError):
-    """A step of a rolling maintenance did not reach its end (the message says which and why)."""
 
 
 class Steps:

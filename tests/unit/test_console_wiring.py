@@ -48,7 +48,9 @@ def test_a_users_file_is_read_line_by_line_with_clear_errors(tmp_path: Path) -> 
     assert {name: user.role for name, user in found.items()} == {"ann": "operator", "bo": "viewer"}
     assert "argon2" not in repr(found["ann"])  # the hash stays out of reprs
     users.write_text("ann:admin:$argon2id$x\n")
-    with pytest.raises(ConfigError, match=r"line 1: role 'admin' is neither viewer, operator nor operator@BACKEND"):
+    with pytest.raises(
+        ConfigError, match=r"line 1: role 'admin' is neither viewer, operator nor operator@BACKEND"
+    ):
         read_users(users)
     users.write_text("just-a-name\n")
     with pytest.raises(ConfigError, match="line 1: expected name:role:hash"):

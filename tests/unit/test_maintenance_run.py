@@ -15,7 +15,8 @@ import pytest
 
 from synnefo_ganeti import ConflictError, ControlPlane, InvalidError
 from synnefo_ganeti.control._maintenance import CommandResult, MaintenanceOptions, RollingMaintenance
-from synnefo_ganeti.control._maintenance_steps import MaintenanceStepError, Steps
+from synnefo_ganeti.control._maintenance_steps import Steps
+from synnefo_ganeti.errors import MaintenanceStepError
 from synnefo_ganeti.store import StatusStore
 from synnefo_ganeti.testing import FakeGaneti
 from tests import helpers

@@ -15,7 +15,7 @@ def test_top_level_exports_are_pinned() -> None:
             "FINAL_STATUSES", "AuthenticationError", "BackendCatalog", "BackendNodes", "BadRequestError", "CancelResult", "Change", "ClusterInfo",
             "ConfigError", "ConflictError", "ControlPlane", "CreateOutcomeUnknownError", "CreateProgress",
             "GanetiError", "GanetiVersion", "Instance", "InstanceConsole", "InstanceSpec", "InstanceStatus", "InvalidError", "Job", "JobFailedError",
-            "JobFailure", "JobFileError", "JobNotFoundError", "JobStatus", "LogEntry", "NoCapacityError", "Node", "NodeInfo",
+            "JobFailure", "JobFileError", "JobNotFoundError", "JobStatus", "LogEntry", "MaintenanceStepError", "NoCapacityError", "Node", "NodeInfo",
             "NotFoundError", "OutcomeUnknownError", "RapiClient", "RapiConnectionError", "RapiError", "RapiNotFoundError",
             "RapiTimeoutError", "RebootType", "Request", "RequestNotHeldError", "RequestStatus",
             "RequestTimeoutError", "RetryPolicy", "Settings", "StoreError", "StoredInstance", "StoredNetwork", "NetworkState", "TLSError",
@@ -33,7 +33,7 @@ def test_rapi_names_are_reexported_from_the_package() -> None:
 
 def test_every_error_derives_from_ganeti_error() -> None:
     errors = [getattr(synnefo_ganeti, n) for n in synnefo_ganeti.__all__ if n.endswith("Error")]
-    assert len(errors) == 25
+    assert len(errors) == 26
     for cls in errors:
         assert issubclass(cls, synnefo_ganeti.GanetiError), cls
         assert getattr(synnefo_ganeti.errors, cls.__name__) is cls
