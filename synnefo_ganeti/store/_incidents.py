@@ -27,7 +27,8 @@ from sqlalchemy.engine import Connection
 
 from synnefo_ganeti._serial import iso
 from synnefo_ganeti.errors import NotFoundError
-from synnefo_ganeti.store._schema import ChangeRow, IncidentRow
+from synnefo_ganeti.store._schema import ChangeRow
+from synnefo_ganeti.store._schema_ops import IncidentRow
 
 if TYPE_CHECKING:
     from synnefo_ganeti.store._store import Store

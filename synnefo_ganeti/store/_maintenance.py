@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection
 
 from synnefo_ganeti._serial import iso
 from synnefo_ganeti.errors import ConflictError, NotFoundError
-from synnefo_ganeti.store._schema import MaintenanceRun
+from synnefo_ganeti.store._schema_ops import MaintenanceRun
 
 if TYPE_CHECKING:
     from synnefo_ganeti.store._store import Store

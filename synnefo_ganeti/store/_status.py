@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 
 from synnefo_ganeti._serial import iso
 from synnefo_ganeti.store._backends import backends_t
-from synnefo_ganeti.store._schema import AuditEntry, DispatcherRow
+from synnefo_ganeti.store._schema_ops import AuditEntry, DispatcherRow
 
 if TYPE_CHECKING:
     from synnefo_ganeti.store._store import Store
