@@ -128,6 +128,15 @@ class Repairer:
         d = self.dispatcher
         settings = d.settings.repair
         timeout = max(30.0, 4 * d.settings.dispatcher.health_timeout)
+        # the rows first, Ganeti after: a row that says "should run" was so before Ganeti was read,
+        # so Ganeti's answer is at least as new. (Read the other way round, a create that ended
+        # between the two reads paired its new STARTED row with Ganeti's "ERROR_down" of the
+        # instance being made: an incident for nothing.)
+        rows = {
+            r.name: r
+            for r in await d.store.list_instances(backend=backend)
+            if r.owned and r.status is not InstanceStatus.DESTROYED
+        }
         async with asyncio.timeout(timeout):
             nodes = await client.list_nodes()
             groups = await client.list_groups()
@@ -142,11 +151,6 @@ class Repairer:
             node_facts[node.name] = NodeFacts(
                 node.name, node.offline, down, group_tags.get(node.group_uuid, ())
             )
-        rows = {
-            r.name: r
-            for r in await d.store.list_instances(backend=backend)
-            if r.owned and r.status is not InstanceStatus.DESTROYED
-        }
         instance_facts = []
         for inst in instances:
             row = rows.get(inst.name)

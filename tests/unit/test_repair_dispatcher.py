@@ -12,7 +12,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from synnefo_ganeti import ControlPlane, RapiClient
+from synnefo_ganeti import ControlPlane, Instance, RapiClient
+from synnefo_ganeti.allocate._repair import plan_repairs
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.store import Incident, IncidentStore, InstanceStatus, Store
@@ -182,3 +183,31 @@ async def test_a_fence_that_fails_marks_nothing_offline_and_is_not_repeated(
         lost = await incident(incidents, "instance-error", instance="vm.fake.test")
         assert lost.open and lost.action is None
         assert (await client.get_instance("vm.fake.test")).pnode == N3
+
+
+async def test_a_create_ending_between_the_reads_opens_no_incident(tmp_path: Path, db_url: str) -> None:
+    """The rows are read before Ganeti: a row still BUILD when the pass read it is not "should run",
+    whatever Ganeti says after; read the other way round, a create that ended between the two reads
+    paired its new STARTED row with Ganeti's view of the instance being made (``ERROR_down``), an
+    incident for nothing (seen in benchmarks/placement.py's dispatcher run)."""
+    async with lab(tmp_path, db_url) as (_fake, cp, d, rapi):
+        assert d.repairer is not None
+        await cp.store.add_instance("f1", "mid.example", status=InstanceStatus.BUILD, owned=True)
+        real = rapi.list_instances
+
+        async def read_while_the_create_ends(*args: Any, **kwargs: Any) -> Any:
+            found = await real(*args, **kwargs)
+            # the create ends now: its row STARTED; Ganeti's answer was of an instance being made
+            await cp.store.update_instance("f1", "mid.example", status=InstanceStatus.STARTED)
+            made_now = Instance(name="mid.example", admin_state="up", oper_state=False, status="ERROR_down",
+                                pnode=N2, disk_template="diskless")  # fmt: skip
+            return [*found, made_now]
+
+        rapi.list_instances = read_while_the_create_ends  # type: ignore[method-assign]
+        try:
+            facts = await d.repairer.facts("f1", rapi)
+        finally:
+            del rapi.list_instances
+        (mid,) = [i for i in facts.instances if i.name == "mid.example"]
+        assert mid.row_status == InstanceStatus.BUILD.value  # as the row was before Ganeti's read
+        assert [p for p in plan_repairs(facts).problems if p.instance == "mid.example"] == []
