@@ -2,8 +2,9 @@
 again after a kill (what is done already is read from Ganeti and skipped), but the operator's
 command.
 
-* ``failover`` / ``failback``: the master failover command with ``{node}`` the node to become
-  master; then Ganeti is read (through RAPI, which answers from wherever the master is; reads
+* ``failover`` / ``failback``: the configuration redistributed to every node first (a node just
+  rebooted may hold a stale copy, which the master role would carry), then the master failover
+  command with ``{node}`` the node to become master; then Ganeti is read (through RAPI, which answers from wherever the master is; reads
   that fail while the role moves are retried) until it names that node master. The command's
   exit status alone decides nothing: Ganeti 3.0's ``master-failover`` exits 1 when the master
   IP came up late although the role moved.
@@ -150,6 +151,21 @@ class Steps:
         return await self._hand_over(node, None)
 
     async def _hand_over(self, new_master: str, old: str | None) -> str:
+        # every node's copy of the configuration made current first (``PUT /2/redistribute-config``):
+        # a node that was just rebooted may have missed writes while it was down, and the master
+        # role carries the new master's copy with it (seen on the lab: instances removed while a
+        # node was away came back with it as master)
+        client = await self.cp.client(self.backend)
+        job = await client.wait_for_job(
+            await client.redistribute_config(reason="synnefo-ganeti maintenance: before a master failover"),
+            timeout=self.options.master_timeout,
+        )
+        if job.status.value != "success":
+            why = job.failure.message if job.failure is not None else job.status.value
+            raise MaintenanceStepError(
+                f"the configuration of backend {self.backend} could not be redistributed before handing the "
+                f"master role to {new_master} (job {job.id}: {why}); check the nodes, then resume"
+            )
         output = await self._shell(self.options.master_failover_command, new_master, check=False)
 
         async def moved() -> bool:
