@@ -63,6 +63,7 @@ from synnefo_ganeti.control._deletes import FOLLOW_EVERY, follow_deletes
 from synnefo_ganeti.daemon import StatusServer
 from synnefo_ganeti.dispatch._base import DispatcherStats, _replace
 from synnefo_ganeti.dispatch._follow import FOLLOW_TASK
+from synnefo_ganeti.dispatch._leases import LEASES_TASK
 from synnefo_ganeti.dispatch._liveness import DispatcherLock
 from synnefo_ganeti.dispatch._observe import Observer
 from synnefo_ganeti.dispatch._repair import REPAIR_TASK, Repairer
@@ -90,6 +91,7 @@ ROOT_TASKS = (
     "dispatch reconciler",
     "dispatch metrics",
     "dispatch follow jobs",
+    LEASES_TASK,
     "dispatch observer",
     REPORT_TASK,
     REPAIR_TASK,
@@ -156,6 +158,7 @@ class Dispatcher(Submitter):
         store = self.store
         self._lock = DispatcherLock(store, self.id)
         await self._lock.acquire()
+        leases = self._follow_leases()  # whose recorded jobs this one follows (dispatch/_leases.py)
         store.on_commit.append(self._on_commit)
         observer = self.observer = Observer(store, self.client)  # Ganeti's values after jobs end
         store.on_commit.append(observer.on_commit)
@@ -183,6 +186,8 @@ class Dispatcher(Submitter):
         supervisor.start("dispatch metrics", self._metrics_loop())
         supervisor.start("dispatch deletes", self._deletes_loop())
         supervisor.start(FOLLOW_TASK, self._recorded_jobs().run())  # jobs other processes record
+        if leases.shared:  # PostgreSQL: one dispatcher at a time follows a backend's jobs
+            supervisor.start(LEASES_TASK, leases.run())
         supervisor.start("dispatch observer", observer.run())
         self.self_report = SelfReport(self)  # what a console of its own reads (dispatch/_report.py)
         supervisor.start(REPORT_TASK, self.self_report.run())

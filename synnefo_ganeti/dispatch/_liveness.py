@@ -6,8 +6,9 @@ advisory lock named after its id on a connection of its own for its whole life; 
 lock goes when the process (or its connection) does, so ``pg_try_advisory_lock`` on
 another's key succeeds exactly when that one is gone. The same connection takes a
 per-backend lock around each reconcile pass, so that several dispatchers reconcile a
-backend one at a time, and the ``webhook`` lock around each batch the change-feed webhook
-delivers, so that one dispatcher at a time POSTs the feed.
+backend one at a time, the ``webhook`` lock around each batch the change-feed webhook
+delivers, so that one dispatcher at a time POSTs the feed, and the ``follow:BACKEND`` leases
+(held for as long as the dispatcher follows that backend's recorded jobs: ``_leases``).
 
 SQLite takes one dispatcher per database (its writes serialise anyway): an exclusive
 ``flock`` on ``<database>.dispatcher.lock`` says so, and every other claimant is dead.
@@ -57,6 +58,8 @@ class DispatcherLock:
         self._conn: AsyncConnection | None = None
         self._file: Any = None
         self._mutex = asyncio.Lock()  # one statement at a time on the lock connection
+        #: counts the sessions the locks were taken on (a new one: every other lock is gone)
+        self.generation = 0
 
     def __repr__(self) -> str:
         return f"<DispatcherLock {self.id} {self.store.dialect}>"
@@ -109,6 +112,7 @@ class DispatcherLock:
                 await old.invalidate()
             try:
                 self._conn = await self._locked_connection()
+                self.generation += 1
             except Exception as exc:
                 self._conn = old  # keep something to retry on
                 raise StoreError(
@@ -164,6 +168,17 @@ class DispatcherLock:
                 await self._unlock("webhook")
             except Exception as exc:  # a lost connection took the lock with it
                 log.debug("releasing the webhook lock: %s", exc)
+
+    async def try_lease(self, backend: str) -> bool:
+        """Take the follow lease of ``backend`` (False: another dispatcher holds it); held until
+        :meth:`release_lease` or the session's end (PostgreSQL; SQLite: always True)."""
+        if self.store.dialect != "postgresql":
+            return True
+        return await self._try(f"follow:{backend}")
+
+    async def release_lease(self, backend: str) -> None:
+        if self.store.dialect == "postgresql":
+            await self._unlock(f"follow:{backend}")
 
     async def _try(self, name: str) -> bool:
         conn = self._connection()

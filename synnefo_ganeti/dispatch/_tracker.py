@@ -47,6 +47,7 @@ class JobTracker:
         *,
         concurrency: int = 4,
         retry_delay: float = 2.0,
+        discover: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, not {concurrency}")
@@ -55,6 +56,9 @@ class JobTracker:
         self.store = store
         self.concurrency = concurrency
         self.retry_delay = retry_delay
+        #: read the backend's unapplied jobs at start (False: another follows them, or a reader
+        #: hands them over: the dispatcher's ``_follow`` and ``_leases``)
+        self.discover = discover
         self.ended = 0
         self._queue: deque[int] = deque()
         self._queued: set[int] = set()
@@ -104,10 +108,12 @@ class JobTracker:
         return added
 
     async def run(self) -> None:
-        """Follow jobs until cancelled; start-up adds the jobs whose end the database lacks."""
+        """Follow jobs until cancelled; start-up adds the jobs whose end the database lacks
+        (with ``discover``)."""
         try:
-            listed_at = time.monotonic()
-            self.discovered(await self.store.unapplied_jobs(self.backend), listed_at=listed_at)
+            if self.discover:
+                listed_at = time.monotonic()
+                self.discovered(await self.store.unapplied_jobs(self.backend), listed_at=listed_at)
         except GanetiError as exc:
             log.warning("%s: cannot read the jobs in flight from the database (%s)", self.backend, exc)
         workers = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]

@@ -1,6 +1,7 @@
 """Per-backend wiring of the dispatcher: each backend's client, job follower (a queue
 watcher when its ``queue_dir`` is local, else a :class:`JobTracker`, handed every job any
-process records by :class:`~synnefo_ganeti.dispatch._follow.RecordedJobs`), its place in
+process records by :class:`~synnefo_ganeti.dispatch._follow.RecordedJobs` while this
+dispatcher holds the backend's follow lease, :mod:`._leases`), its place in
 the health monitor and its node stats for placement (its nodes down or offline: the mixin
 :class:`~synnefo_ganeti.dispatch._node_watch.NodeWatch`)."""
 
@@ -18,6 +19,7 @@ from synnefo_ganeti.config import BackendSettings
 from synnefo_ganeti.control._validate import networks_of
 from synnefo_ganeti.dispatch._base import _Backend, _replace
 from synnefo_ganeti.dispatch._follow import RecordedJobs
+from synnefo_ganeti.dispatch._leases import FollowLeases
 from synnefo_ganeti.dispatch._node_watch import NODES_TASK, NodeWatch
 from synnefo_ganeti.dispatch._tracker import JobTracker
 from synnefo_ganeti.errors import GanetiError
@@ -54,8 +56,14 @@ class BackendWiring(NodeWatch):
                     name,
                     queue_dir,
                 )
+            # on PostgreSQL the holder of the backend's follow lease reads its recorded jobs
+            # (dispatch/_leases.py); this one follows its own creates at least
             entry.tracker = JobTracker(
-                name, client, self.store, concurrency=self.settings.dispatcher.track_concurrency
+                name,
+                client,
+                self.store,
+                concurrency=self.settings.dispatcher.track_concurrency,
+                discover=self.store.dialect != "postgresql",
             )
             entry.tasks.append(self.supervisor.start(f"track {name}", entry.tracker.run()))
         self._backends[name] = entry
@@ -89,13 +97,32 @@ class BackendWiring(NodeWatch):
 
     #: the reader handing recorded jobs to the trackers (``dispatch follow jobs``), made on start
     recorded: RecordedJobs | None = None
+    #: the backends whose recorded jobs this dispatcher follows (``dispatch/_leases.py``), made on start
+    leases: FollowLeases | None = None
+
+    def _follow_leases(self) -> FollowLeases:
+        """The follow leases (PostgreSQL: taken in the root task ``dispatch follow leases``; SQLite:
+        every backend's, always); a lease gained has its backend's recorded jobs read at once."""
+        assert self._lock is not None
+
+        async def gained(names: set[str]) -> None:
+            if self.recorded is not None:
+                await self.recorded.read_once()
+
+        self.leases = FollowLeases(self._lock, lambda: list(self._backends), on_gained=gained)
+        return self.leases
 
     def _recorded_jobs(self) -> RecordedJobs:
         """The reader handing every recorded job of a backend without a local watcher to its
         tracker (a backend with one is left to its watcher)."""
 
         def trackers() -> dict[str, JobTracker]:
-            return {name: e.tracker for name, e in self._backends.items() if e.tracker is not None}
+            leases = self.leases
+            return {
+                name: e.tracker
+                for name, e in self._backends.items()
+                if e.tracker is not None and (leases is None or leases.holds(name))
+            }
 
         options = self.settings.dispatcher
         self.recorded = RecordedJobs(self.store, trackers, poll_interval=options.poll_interval)

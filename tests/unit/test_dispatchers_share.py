@@ -1,0 +1,137 @@
+"""Several dispatchers on one PostgreSQL database share the work (issue 31): one follows a
+backend's recorded jobs at a time (its follow lease), the leases are dealt evenly and taken
+over when their holder goes; the job ends still reach the store whoever follows them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from synnefo_ganeti import ControlPlane
+from synnefo_ganeti.dispatch import Dispatcher
+from synnefo_ganeti.dispatch._leases import LEASE_RETRY, owners
+from synnefo_ganeti.store import InstanceStatus, RequestStatus, Store
+from tests.helpers import eventually, spec
+from tests.unit.test_dispatcher import backend, fakes, finished, running, settings_for, sqlite_url
+
+# -- who should hold which lease (pure) --------------------------------------------------------------
+
+
+def test_leases_are_dealt_evenly_among_the_dispatchers_serving_each_backend() -> None:
+    four = ["a", "b", "c", "d"]
+    owned = owners({"one": four, "two": four})
+    assert sorted(owned) == four
+    assert sorted(owned.values()).count("one") == 2 and sorted(owned.values()).count("two") == 2
+    assert owners({"two": four, "one": four}) == owned  # the same whatever the order read
+    assert owners({"one": four}) == dict.fromkeys(four, "one")
+    # a backend only one of them serves is that one's, and the rest are dealt around it
+    mixed = owners({"one": ["a", "b"], "two": ["a", "b", "c"]})
+    assert mixed["c"] == "two" and sorted(mixed.values()).count("one") >= 1
+    assert owners({}) == {}
+
+
+# -- two dispatchers -------------------------------------------------------------------------------
+
+
+def holders(*dispatchers: Dispatcher) -> dict[str, list[str]]:
+    """Backend -> the dispatchers holding its follow lease."""
+    held: dict[str, list[str]] = {}
+    for d in dispatchers:
+        assert d.leases is not None
+        for name in d.leases.held:
+            held.setdefault(name, []).append(d.id)
+    return held
+
+
+def options(db_url: str, *fakes_: Any) -> Any:
+    names = [backend(f"f{i + 1}", fake) for i, fake in enumerate(fakes_)]
+    # no reconcile pass within the test: only following jobs moves an instance
+    settings = settings_for(db_url, names, report_interval=0.5)
+    return settings.model_copy(
+        update={"reconcile": settings.reconcile.model_copy(update={"interval": 86_400})}
+    )
+
+
+async def test_two_dispatchers_hold_one_lease_each_and_follow_each_job_once(pg_url: str) -> None:
+    async with fakes(2) as (f1, f2):
+        settings = options(pg_url, f1, f2)
+        async with Store(pg_url) as store, ControlPlane(settings, store=store) as cp:
+            d1 = Dispatcher(settings, dispatcher_id="one", status_server=False)  # each its own store
+            d2 = Dispatcher(settings, dispatcher_id="two", status_server=False)
+            async with running(d1), running(d2):
+                await eventually(
+                    lambda: holders(d1, d2) == {"f1": ["one"], "f2": ["two"]},
+                    what="one lease each",
+                    timeout=20,
+                )
+                ids = [
+                    await cp.request_instance(spec(f"s{i}.example"), backend=f"f{i % 2 + 1}")
+                    for i in range(4)
+                ]
+                done = [await finished(cp, rid, timeout=30) for rid in ids]
+                assert all(r.status is RequestStatus.SUCCEEDED for r in done), [r.error for r in done]
+                # a job another process records is followed by the lease holder alone
+                stops = {
+                    name: await cp.shutdown_instance(f"s{i}.example", backend=name)
+                    for i, name in ((0, "f1"), (1, "f2"))
+                }
+
+                async def stopped() -> bool:
+                    for i, name in ((0, "f1"), (1, "f2")):
+                        instance = await store.get_instance(name, f"s{i}.example")
+                        if instance is None or instance.status is not InstanceStatus.STOPPED:
+                            return False
+                    return True
+
+                await eventually(stopped, what="both shutdowns applied", timeout=20)
+                for name, job_id in stops.items():
+                    followers = [
+                        d.id
+                        for d in (d1, d2)
+                        if (tracker := d._backends[name].tracker) is not None and job_id in tracker.began
+                    ]
+                    assert followers == [{"f1": "one", "f2": "two"}[name]], (name, followers)
+
+
+async def test_the_leases_of_a_dispatcher_that_stops_are_taken_over(pg_url: str) -> None:
+    async with fakes(2) as (f1, f2):
+        settings = options(pg_url, f1, f2)
+        async with Store(pg_url) as store, ControlPlane(settings, store=store) as cp:
+            d1 = Dispatcher(settings, dispatcher_id="one", status_server=False)
+            d2 = Dispatcher(settings, dispatcher_id="two", status_server=False)
+            async with running(d1):
+                async with running(d2):
+                    await eventually(lambda: len(holders(d1, d2)) == 2 and d2.leases.held, timeout=20)  # type: ignore[union-attr]
+                loop = asyncio.get_running_loop()
+                gone = loop.time()
+                await eventually(
+                    lambda: holders(d1) == {"f1": ["one"], "f2": ["one"]}, what="both leases", timeout=20
+                )
+                # within a round or two (the stopped one's report says it stopped; a killed one's lock goes)
+                assert loop.time() - gone < 3 * LEASE_RETRY + 1
+                rid = await cp.request_instance(spec("after.example"), backend="f2")
+                assert (await finished(cp, rid, timeout=30)).status is RequestStatus.SUCCEEDED
+                stop = await cp.shutdown_instance("after.example", backend="f2")
+
+                async def applied() -> bool:
+                    instance = await store.get_instance("f2", "after.example")
+                    return instance is not None and instance.status is InstanceStatus.STOPPED
+
+                await eventually(applied, what="the shutdown followed by the survivor", timeout=20)
+                tracker = d1._backends["f2"].tracker
+                assert tracker is not None and stop in tracker.began
+
+
+async def test_sqlite_has_one_dispatcher_that_follows_every_backend(tmp_path: Path) -> None:
+    async with fakes(2) as (f1, f2):
+        settings = options(sqlite_url(tmp_path), f1, f2)
+        async with (
+            Store(settings.database.url) as store,
+            ControlPlane(settings, store=store) as cp,
+            running(Dispatcher(settings, store=store, status_server=False)) as d,
+        ):
+            assert d.leases is not None and not d.leases.shared
+            assert d.leases.holds("f1") and d.leases.holds("f2") and d.leases.live_count() == 1
+            rid = await cp.request_instance(spec("solo.example"))
+            assert (await finished(cp, rid)).status is RequestStatus.SUCCEEDED
