@@ -26,6 +26,7 @@ from synnefo_ganeti.allocate import Allocator, BackendView, Reservation
 from synnefo_ganeti.config import BackendSettings, Settings
 from synnefo_ganeti.control._validate import Catalogs
 from synnefo_ganeti.daemon import StatusServer, Supervisor, SystemdNotifier
+from synnefo_ganeti.dispatch._leases import FollowLeases
 from synnefo_ganeti.dispatch._liveness import DispatcherLock, new_dispatcher_id
 from synnefo_ganeti.dispatch._tracker import JobTracker
 from synnefo_ganeti.dispatch._webhook import WebhookDeliverer
@@ -141,6 +142,8 @@ class DispatcherBase(BackendResources):
         self._check_since: dict[str, float] = {}
         # dispatcher id -> when its lock was first seen free (PostgreSQL)
         self._suspects: dict[str, float] = {}
+        #: the backends whose recorded jobs and nodes this dispatcher reads (``_leases``; made on start)
+        self.leases: FollowLeases | None = None
 
     def __repr__(self) -> str:
         return (

@@ -19,6 +19,14 @@ too seldom to notice. So this mixin adds three signs, each acted on at once in t
   say so themselves; so is one the node read shows drained (``gnt-node modify --drained`` behind
   the dispatcher's back) while the stats still take it for usable, and the stats are read at once.
 
+Several dispatchers on one PostgreSQL database read each backend's nodes once: the holder of its
+follow lease (:mod:`._leases`) reads them every ``health_interval`` as above and writes their
+states; each other dispatcher reads those states from ``backend_nodes`` at the same interval
+(:meth:`_stored_nodes`: a node down or offline there is out here too; one up there that is out
+here is read here once, to bring it back). The whole node stats (figures for placement, which
+the database does not hold) are still read by every dispatcher every ``stats_interval``, and so
+are the signs of the jobs each one follows.
+
 What the allocator decides is written for the other processes (and ``backends show``) by the
 same root task: each backend's nodes in ``backend_nodes`` (state, since, the first sign) after
 every change and at least every ``stats_interval``; and each node that goes down, offline or
@@ -111,12 +119,20 @@ class NodeWatch(DispatcherBase):
         options = self.settings.dispatcher
         next_read = 0.0
         while True:
-            if time.monotonic() >= next_read:
+            if time.monotonic() >= next_read or self._nodes_due:
+                self._nodes_due = False
                 next_read = time.monotonic() + min(options.health_interval, NODES_READ_EVERY)
                 up = [n for n in self._backends if self.health is None or self.health.tracker.is_up(n)]
-                await asyncio.gather(*(self._read_nodes(name) for name in up))
+                # each backend's nodes read by one dispatcher, its follow lease's holder
+                # (dispatch/_leases.py); the others take the states it stores
+                leases = self.leases
+                mine = [n for n in up if leases is None or leases.holds(n)]
+                others = [n for n in up if n not in mine]
+                await asyncio.gather(*(self._read_nodes(name) for name in mine), self._stored_nodes(others))
             self._node_wake.clear()
             await self._write_signs()
+            if self._nodes_due:
+                continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, next_read - time.monotonic())):
                     await self._node_wake.wait()
@@ -137,6 +153,46 @@ class NodeWatch(DispatcherBase):
             log.info("backend %s: nodes not read (%s)", name, exc)
             return
         await self._nodes_read(name, nodes, read_at, self.allocator.nodes_seen(name, nodes, read_at=read_at))
+
+    #: a read of every backend's nodes is due now (a follow lease gained: :meth:`read_nodes_soon`)
+    _nodes_due = False
+
+    def read_nodes_soon(self) -> None:
+        """Read the nodes now, not at the next interval (this dispatcher took a backend's lease)."""
+        self._nodes_due = True
+        self._node_wake.set()
+
+    async def _stored_nodes(self, names: list[str]) -> None:
+        """The nodes of ``names`` (read by another dispatcher) as it stored them: one down or
+        offline there is out of placement here too; one up there but out here (since a sign of
+        this dispatcher's own, or a state read before) is read here, once, to bring it back."""
+        if not names:
+            return
+        try:
+            stored = await self.store.backend_nodes()
+        except GanetiError as exc:
+            log.info("node states of %s not read (%s)", ", ".join(names), exc)
+            return
+        again: list[str] = []
+        for name in names:
+            if name not in self._backends:
+                continue
+            mine = self.allocator.node_states(name)
+            back = False
+            for row in stored.get(name, ()):
+                node, state = row["name"], row["state"]
+                if state in ("down", "offline"):
+                    current = mine.get(node)
+                    if current is None or current.state != state:
+                        detail = row.get("detail") or f"{state}, as another dispatcher read it"
+                        change = self.allocator.node_failed(name, node, state, detail)
+                        if change is not None:
+                            self._node_changed(change)
+                elif node in mine:
+                    back = True
+            if back:
+                again.append(name)
+        await asyncio.gather(*(self._read_nodes(name) for name in again))
 
     async def _nodes_read(
         self, name: str, nodes: list[Node], read_at: float, changes: list[NodeChange]

@@ -97,8 +97,6 @@ class BackendWiring(NodeWatch):
 
     #: the reader handing recorded jobs to the trackers (``dispatch follow jobs``), made on start
     recorded: RecordedJobs | None = None
-    #: the backends whose recorded jobs this dispatcher follows (``dispatch/_leases.py``), made on start
-    leases: FollowLeases | None = None
 
     def _follow_leases(self) -> FollowLeases:
         """The follow leases (PostgreSQL: taken in the root task ``dispatch follow leases``; SQLite:
@@ -106,6 +104,7 @@ class BackendWiring(NodeWatch):
         assert self._lock is not None
 
         async def gained(names: set[str]) -> None:
+            self.read_nodes_soon()  # its nodes read here from now on
             if self.recorded is not None:
                 await self.recorded.read_once()
 

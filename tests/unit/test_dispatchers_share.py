@@ -135,3 +135,39 @@ async def test_sqlite_has_one_dispatcher_that_follows_every_backend(tmp_path: Pa
             assert d.leases.holds("f1") and d.leases.holds("f2") and d.leases.live_count() == 1
             rid = await cp.request_instance(spec("solo.example"))
             assert (await finished(cp, rid)).status is RequestStatus.SUCCEEDED
+
+
+async def test_a_backends_nodes_are_read_by_its_lease_holder_and_the_others_take_its_states(
+    pg_url: str,
+) -> None:
+    async with fakes(2) as (f1, f2):
+        # no whole node stats after the start's (they would tell the node's state too)
+        settings = options(pg_url, f1, f2)
+        settings = settings.model_copy(
+            update={"dispatcher": settings.dispatcher.model_copy(update={"stats_interval": 3600})}
+        )
+        d1 = Dispatcher(settings, dispatcher_id="one", status_server=False)
+        d2 = Dispatcher(settings, dispatcher_id="two", status_server=False)
+        reads: list[tuple[str, str]] = []
+        for d in (d1, d2):
+            read = d._read_nodes
+
+            async def counted(name: str, d: Dispatcher = d, read: Any = read) -> None:
+                reads.append((d.id, name))
+                await read(name)
+
+            d._read_nodes = counted  # type: ignore[method-assign]
+        async with running(d1), running(d2):
+            await eventually(lambda: holders(d1, d2) == {"f1": ["one"], "f2": ["two"]}, timeout=20)
+            reads.clear()
+            node = sorted(f1.cluster.nodes)[-1]
+            f1.crash_node(node)
+            await eventually(
+                lambda: (s := d2.allocator.node_states("f1").get(node)) is not None and s.state == "down",
+                what="the node down in the other dispatcher",
+            )
+            assert ("one", "f1") in reads and ("two", "f1") not in reads  # read by the holder alone
+            assert node in d1.allocator.node_states("f1")
+            f1.restore_node(node)
+            await eventually(lambda: node not in d2.allocator.node_states("f1"), what="the node back there")
+            assert node not in d1.allocator.node_states("f1")
