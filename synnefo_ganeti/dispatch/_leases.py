@@ -84,6 +84,7 @@ class FollowLeases:
         #: the live dispatchers at the last round (id -> the backends it serves), this one included
         self.live: dict[str, set[str]] = {}
         self.rounds = 0
+        self._claiming = 1
         self._free_before: set[str] = set()
         self._generation = lock.generation
         self._status = StatusStore(lock.store)
@@ -95,6 +96,10 @@ class FollowLeases:
     def holds(self, backend: str) -> bool:
         """Whether this dispatcher follows ``backend``'s recorded jobs (and reads its nodes) now."""
         return not self.shared or backend in self.held
+
+    def claimers(self) -> int:
+        """How many live dispatchers take new claims now, this one included (1 on SQLite)."""
+        return self._claiming if self.shared else 1
 
     def live_count(self) -> int:
         """How many dispatchers run now, this one included (1 on SQLite)."""
@@ -159,11 +164,14 @@ class FollowLeases:
     async def _live(self, mine: set[str]) -> dict[str, set[str]]:
         """The live dispatchers and their backends: a recent report and a held liveness lock."""
         live = {self.lock.id: mine}
+        claiming = 1
         for report in await self._status.dispatchers():
             if report.id == self.lock.id or not report.alive():
                 continue
             if await self.lock.is_alive(report.id):
                 live[report.id] = set(report.state.get("backends") or ())
+                claiming += report.state.get("claiming") is not False
+        self._claiming = claiming
         return live
 
     async def _is_free(self, backend: str) -> bool:

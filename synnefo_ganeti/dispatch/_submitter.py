@@ -92,15 +92,16 @@ class Submitter(ReservationSweep):
         while self._claiming:
             room = self._capacity() - len(self._inflight)
             claimed: list[Request] = []
-            if room > 0:
+            limit = await self._claim_limit(room)
+            if limit > 0:
                 try:
-                    claimed = await self.store.claim_requests(self.id, min(room, options.claim_batch))
+                    claimed = await self.store.claim_requests(self.id, limit)
                 except GanetiError as exc:
                     log.warning("cannot claim requests (%s); trying again", exc)
             for request in claimed:
                 self.stats.claimed += 1
                 self._spawn(request)
-            if len(claimed) >= min(room, options.claim_batch) > 0:
+            if len(claimed) >= limit > 0:
                 await asyncio.sleep(0)  # more may be waiting: claim again at once
                 continue
             if self.store.dialect == "postgresql" and (
@@ -118,6 +119,23 @@ class Submitter(ReservationSweep):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(options.poll_interval):
                     await self._wake.wait()
+
+    async def _claim_limit(self, room: int) -> int:
+        """How many requests to claim now: ``room`` and ``claim_batch`` at most and, while other
+        dispatchers claim on the database, this one's fair share of the pending requests
+        (``ceil(pending / claiming dispatchers)``, the ones it holds included) less what it holds:
+        a burst is split evenly, whoever looks first (the live dispatchers: ``_leases``)."""
+        limit = min(room, self.settings.dispatcher.claim_batch)
+        claimers = 1 if self.leases is None else self.leases.claimers()
+        if limit <= 0 or claimers <= 1:
+            return max(0, limit)
+        try:
+            counts = await self.store.request_counts(status=[RequestStatus.PENDING])
+        except GanetiError as exc:
+            log.info("pending requests not counted (%s); claiming up to %d", exc, limit)
+            return limit
+        share = -(-sum(counts.values()) // claimers)
+        return max(0, min(limit, share - len(self._inflight)))
 
     def _spawn(self, request: Request) -> None:
         task = asyncio.create_task(self._process(request), name=f"request {request.id}")

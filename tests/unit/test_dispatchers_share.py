@@ -8,12 +8,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from synnefo_ganeti import ControlPlane
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.dispatch._leases import LEASE_RETRY, owners
 from synnefo_ganeti.store import InstanceStatus, RequestStatus, Store
 from tests.helpers import eventually, spec
-from tests.unit.test_dispatcher import backend, fakes, finished, running, settings_for, sqlite_url
+from tests.unit.test_dispatcher import backend, creates, fakes, finished, running, settings_for, sqlite_url
 
 # -- who should hold which lease (pure) --------------------------------------------------------------
 
@@ -171,3 +173,34 @@ async def test_a_backends_nodes_are_read_by_its_lease_holder_and_the_others_take
             f1.restore_node(node)
             await eventually(lambda: node not in d2.allocator.node_states("f1"), what="the node back there")
             assert node not in d1.allocator.node_states("f1")
+
+
+# -- claims spread evenly ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # ~15 s on a quiet machine
+async def test_two_dispatchers_each_submit_a_fair_share_of_a_burst(pg_url: str) -> None:
+    count = 200
+    async with fakes(2) as (f1, f2):
+        settings = options(pg_url, f1, f2)
+        async with Store(pg_url) as store, ControlPlane(settings, store=store) as cp:
+            d1 = Dispatcher(settings, dispatcher_id="one", status_server=False)
+            d2 = Dispatcher(settings, dispatcher_id="two", status_server=False)
+            async with running(d1), running(d2):
+                # each knows the other claims too (its report read, its lock held)
+                await eventually(
+                    lambda: all(d.leases is not None and d.leases.claimers() == 2 for d in (d1, d2)),
+                    what="both dispatchers seen claiming",
+                )
+                ids = [await cp.request_instance(spec(f"b{i:03d}.example", memory=128)) for i in range(count)]
+                done = await asyncio.gather(*(finished(cp, rid, timeout=240) for rid in ids))
+            failed = [r.error for r in done if r.status is not RequestStatus.SUCCEEDED]
+            assert not failed, failed
+            shares = {d.id: d.stats.submitted for d in (d1, d2)}
+            assert sum(shares.values()) == count, shares  # 0 lost
+            assert min(shares.values()) >= count // 4, shares  # each at least a quarter
+            assert creates(f1, f2) == count  # 0 sent twice
+            names = [*f1.cluster.instances, *f2.cluster.instances]
+            assert sorted(names) == sorted(f"b{i:03d}.example" for i in range(count))
+            print(f"submitted: {shares}")
