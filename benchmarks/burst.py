@@ -17,16 +17,30 @@ One JSON line per run (progress on stderr):
 * ``p99_end_to_feed_ms``: the fake's ``end_ts`` of the create job -> the request's end came out
   of ``cp.changes()`` here (both clocks this machine's);
 * ``duplicates`` (an instance created twice) and ``lost`` (a request not succeeded, or its
-  instance missing from the fake), from the fake's own state at the end.
+  instance missing from the fake), from the fake's own state at the end;
+* ``cpu_ms_per_request``: CPU (user + system, from ``/proc``, ``benchmarks/_cpu.py``) from the
+  first request written to the last end seen in the feed, over the requests, of the dispatcher
+  processes (summed), this API process, the fake's process and PostgreSQL (this run's database's
+  backends and the server's own processes, polled; ``null`` with ``postgresql_cpu.why`` if the
+  server is not on this machine); ``postgresql_cpu`` has the whole server's too (exact, other
+  databases' work included) and the other databases' backends;
+* ``control_cpu_ratio``: (dispatchers + API + PostgreSQL) over the fake's CPU a create;
+* ``cpu_busy``: all of that CPU over the run's wall time times this machine's CPUs.
+
+With one and two dispatchers in the runs (the default) a last line, ``"benchmark": "burst-scale"``:
+``scale_2_to_1`` (two dispatchers' ``submitted_per_s`` over one's), each run's
+``control_cpu_ratio``, the runs' lost and duplicates, and the goals with whether each is met.
 
 Goals (issue 14), one dispatcher: ``submitted_per_s`` >= 200, ``p99_submit_ms`` <= 1,000,
-``p99_end_to_feed_ms`` <= 250; always 0 duplicates and 0 lost.
+``p99_end_to_feed_ms`` <= 250; always 0 duplicates and 0 lost. Issue 31, on a 2-core machine:
+``scale_2_to_1`` >= 1.0 and ``control_cpu_ratio`` <= 2.0, the p99 goals kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -38,6 +52,7 @@ from typing import Any
 import orjson
 
 from _children import stop_children
+from _cpu import PostgresCpu, database_name, locate_postmaster, process_cpu_s
 from _databases import database
 
 NODES = 20
@@ -45,6 +60,7 @@ CREATE_S = 0.05
 MEMORY = 128
 API_TASKS = 4
 DEADLINE_S = 600.0
+GOALS = {"scale_2_to_1": 1.0, "control_cpu_ratio": 2.0, "p99_submit_ms": 1000.0, "p99_end_to_feed_ms": 250.0}
 QUIET = False
 
 
@@ -128,6 +144,7 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sg-burst-") as scratch:
         async with AsyncExitStack() as stack:
             db_url = await stack.enter_async_context(database(args.db, scratch))
+            postmaster, no_postgres = await locate_postmaster(db_url)
             fake = await child("--fake-child", "--requests", str(args.requests))
             processes.append(fake)
             stack.push_async_callback(stop_children, processes)
@@ -170,6 +187,7 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
                     )
                     request_ids.append(await cp.request_instance(spec))
 
+            cpu = CpuSample(processes, postmaster, database_name(db_url))
             started = time.time()
             await asyncio.gather(*(api_task(names[k::API_TASKS]) for k in range(API_TASKS)))
             progress(f"written in {time.time() - started:.2f} s; waiting for every end in the feed")
@@ -177,6 +195,7 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
                 await asyncio.wait_for(all_ended.wait(), DEADLINE_S)
             except TimeoutError:
                 progress(f"deadline: {len(ended_at)} of {args.requests} ends seen")
+            cpu_s = cpu.stop()
             follower.cancel()
             requests = await cp.list_requests()
             async with RapiClient(
@@ -218,7 +237,58 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
         "duplicates": duplicates,
         "lost": lost,
         "db": args.db,
+        **cpu_fields(cpu_s, args.requests, no_postgres, in_process=db_url.startswith("sqlite")),
     }
+
+
+class CpuSample:
+    """The CPU of a run's processes, from its ``__init__`` to ``stop()``: ``processes[0]`` is the
+    fake, the others the dispatchers; PostgreSQL's if ``postmaster`` is known (``benchmarks/_cpu.py``)."""
+
+    def __init__(self, processes: list[asyncio.subprocess.Process], postmaster: int | None, db: str) -> None:
+        self.fake, self.dispatchers = processes[0].pid, [p.pid for p in processes[1:]]
+        self.postgres = PostgresCpu(postmaster, db) if postmaster is not None else None
+        if self.postgres is not None:
+            self.postgres.start()
+        self.started = (time.monotonic(), *self._own())
+
+    def _own(self) -> tuple[float, float, float]:
+        """Seconds of CPU so far: the dispatchers', this process's, the fake's."""
+        return sum(map(process_cpu_s, self.dispatchers)), process_cpu_s(), process_cpu_s(self.fake)
+
+    def stop(self) -> dict[str, Any]:
+        dispatchers, api, fake = self._own()
+        wall = time.monotonic() - self.started[0]
+        split = self.postgres.stop() if self.postgres is not None else None
+        seconds: dict[str, Any] = {
+            "dispatchers": dispatchers - self.started[1],
+            "api": api - self.started[2] - (split.sampler_s if split is not None else 0.0),
+            "fake": fake - self.started[3],
+            "postgresql": split.ours_s if split is not None else None,
+        }
+        busy = sum(v for v in seconds.values() if v is not None)
+        busy += split.other_databases_s if split is not None else 0.0
+        return {"seconds": seconds, "split": split, "busy": busy / max(wall * (os.cpu_count() or 1), 1e-9)}
+
+
+def cpu_fields(cpu: dict[str, Any], requests: int, why: str | None, *, in_process: bool) -> dict[str, Any]:
+    """The run's CPU figures for its JSON line (milliseconds a request); ``in_process``: no
+    server (SQLite), the database's work counted in the API's and the dispatchers'."""
+    per = {k: None if v is None else round(v * 1000 / requests, 2) for k, v in cpu["seconds"].items()}
+    control = [per["dispatchers"], per["api"], per["postgresql"]]
+    if per["postgresql"] is None and not in_process:
+        ratio = None  # a server elsewhere: its share unknown
+    else:
+        ratio = round(sum(v or 0.0 for v in control) / per["fake"], 2) if per["fake"] else None
+    split = cpu["split"]
+    detail: dict[str, Any] = {"why": why} if split is None else {
+        "whole_server_ms_per_request": round(split.whole_server_s * 1000 / requests, 2),
+        "database_ms_per_request": round(split.database_s * 1000 / requests, 2),
+        "server_processes_ms_per_request": round(split.server_processes_s * 1000 / requests, 2),
+        "other_databases_ms_per_request": round(split.other_databases_s * 1000 / requests, 2),
+    }  # fmt: skip
+    return {"cpu_ms_per_request": per, "control_cpu_ratio": ratio, "postgresql_cpu": detail,
+            "cpu_busy": round(cpu["busy"], 2)}  # fmt: skip
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -227,7 +297,51 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return [await run(args, n) for n in args.dispatchers]
+    runs = [await run(args, n) for n in args.dispatchers]
+    return [*runs, summary] if (summary := scale_summary(runs)) else runs
+
+
+def scale_summary(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``burst-scale`` line: two dispatchers against one in the same invocation, and the goals."""
+    one = next((r for r in runs if r["dispatchers"] == 1), None)
+    two = next((r for r in runs if r["dispatchers"] == 2), None)
+    if one is None or two is None:
+        return None
+    scale = round(two["submitted_per_s"] / one["submitted_per_s"], 2) if one["submitted_per_s"] else None
+    ratios = [one["control_cpu_ratio"], two["control_cpu_ratio"]]
+    lost, duplicates = sum(r["lost"] for r in runs), sum(r["duplicates"] for r in runs)
+
+    def at_most(key: str) -> bool:
+        return all(r[key] is not None and r[key] <= GOALS[key] for r in runs)
+
+    met = {
+        "scale_2_to_1": scale is not None and scale >= GOALS["scale_2_to_1"],
+        "control_cpu_ratio": all(r is not None and r <= GOALS["control_cpu_ratio"] for r in ratios),
+        "lost": lost == 0,
+        "duplicates": duplicates == 0,
+        "p99_submit_ms": at_most("p99_submit_ms"),
+        "p99_end_to_feed_ms": at_most("p99_end_to_feed_ms"),
+    }
+    return {
+        "benchmark": "burst-scale",
+        "requests": one["requests"],
+        "scale_2_to_1": scale,
+        "control_cpu_ratio_1": ratios[0],
+        "control_cpu_ratio_2": ratios[1],
+        "lost": lost,
+        "duplicates": duplicates,
+        "goals": {"scale_2_to_1_min": GOALS["scale_2_to_1"], "control_cpu_ratio_max": GOALS["control_cpu_ratio"],
+                  "lost": 0, "duplicates": 0, "p99_submit_ms_max": GOALS["p99_submit_ms"],
+                  "p99_end_to_feed_ms_max": GOALS["p99_end_to_feed_ms"]},
+        "met": met,
+        "all_met": all(met.values()),
+        "db": one["db"],
+    }  # fmt: skip
+
+
+def counts(text: str) -> list[int]:
+    """``--dispatchers 1,2`` (or ``1 2``): the runs' dispatcher counts."""
+    return [int(part) for part in text.split(",") if part.strip()]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -235,13 +349,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--dispatchers", type=int, nargs="+", default=[1, 2], help="one run per count")
+    parser.add_argument(
+        "--dispatchers", type=counts, nargs="+", default=[[1, 2]], help="one run per count: 1 2 or 1,2"
+    )
     parser.add_argument(
         "--db", default="postgresql", help="postgresql (a scratch database), sqlite, or a URL"
     )
     parser.add_argument("--fake-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dispatcher-child", nargs=2, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.dispatchers = [n for group in args.dispatchers for n in group]
+    return args
 
 
 if __name__ == "__main__":
