@@ -77,6 +77,8 @@ class SelfReport:
             "claiming": d._claiming,
             "claims": len(d._inflight),
             "unplaced": counts.get((None, RequestStatus.PENDING.value), 0),
+            # the backends whose recorded jobs and nodes it reads (its follow leases: dispatch/_leases.py)
+            "follows": sorted(n for n in d._backends if d.leases is None or d.leases.holds(n)),
             "backends": backends,
             "stats": d.stats.to_json(),
         }

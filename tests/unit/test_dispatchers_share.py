@@ -12,7 +12,7 @@ import pytest
 
 from synnefo_ganeti import ControlPlane
 from synnefo_ganeti.dispatch import Dispatcher
-from synnefo_ganeti.dispatch._leases import LEASE_RETRY, owners
+from synnefo_ganeti.dispatch._leases import LEASE_RETRY, FollowLeases, owners
 from synnefo_ganeti.store import InstanceStatus, RequestStatus, Store
 from tests.helpers import eventually, spec
 from tests.unit.test_dispatcher import backend, creates, fakes, finished, running, settings_for, sqlite_url
@@ -204,3 +204,29 @@ async def test_two_dispatchers_each_submit_a_fair_share_of_a_burst(pg_url: str) 
             names = [*f1.cluster.instances, *f2.cluster.instances]
             assert sorted(names) == sorted(f"b{i:03d}.example" for i in range(count))
             print(f"submitted: {shares}")
+
+
+async def test_the_report_says_which_backends_a_dispatcher_follows(pg_url: str) -> None:
+    async with fakes(2) as (f1, f2):
+        settings = options(pg_url, f1, f2)
+        d1 = Dispatcher(settings, dispatcher_id="one", status_server=False)
+        d2 = Dispatcher(settings, dispatcher_id="two", status_server=False)
+        async with running(d1), running(d2):
+            await eventually(lambda: holders(d1, d2) == {"f1": ["one"], "f2": ["two"]}, timeout=20)
+            assert d1.self_report is not None and d2.self_report is not None
+            assert (await d1.self_report.state())["follows"] == ["f1"]
+            assert (await d2.self_report.state())["follows"] == ["f2"]
+            assert "holds f1" in repr(d1.leases) and "2 live dispatchers" in repr(d1.leases)
+
+
+async def test_a_lease_task_that_raises_stops_the_dispatcher(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def faulty(self: FollowLeases) -> None:
+        raise RuntimeError("injected fault in the follow leases")
+
+    monkeypatch.setattr(FollowLeases, "run", faulty)
+    async with fakes(1) as (f1,):
+        d = Dispatcher(options(pg_url, f1), status_server=False)
+        assert await asyncio.wait_for(d.run(), 60) == 1
+        assert "dispatch follow leases" in (d.supervisor.problem() or "")
