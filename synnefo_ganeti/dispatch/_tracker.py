@@ -32,6 +32,8 @@ __all__ = ["JobTracker"]
 
 #: how many jobs' start times :attr:`JobTracker.began` keeps (the most recent)
 BEGAN_KEPT = 10_000
+#: how many followed jobs the tracker remembers having finished (the most recent)
+FINISHED_KEPT = 10_000
 
 log = logging.getLogger("synnefo_ganeti.dispatch")
 
@@ -170,3 +172,7 @@ class JobTracker:
         await self.store.put(JobVersion(self.backend, job_file(job)))
         self._finished[job_id] = time.monotonic()
         self.ended += 1
+        while len(self._finished) > FINISHED_KEPT:
+            # a tracker that reads no listing (another dispatcher holds the follow lease) prunes none
+            # in :meth:`discovered`; one dropped too early is at worst followed again, ending at once
+            del self._finished[next(iter(self._finished))]

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from synnefo_ganeti import ControlPlane
-from synnefo_ganeti.dispatch import Dispatcher
+from synnefo_ganeti import ControlPlane, RapiClient
+from synnefo_ganeti.dispatch import Dispatcher, JobTracker, _tracker
 from synnefo_ganeti.dispatch._leases import LEASE_RETRY, FollowLeases, owners
 from synnefo_ganeti.store import InstanceStatus, RequestStatus, Store
 from tests.helpers import eventually, spec
@@ -230,3 +230,28 @@ async def test_a_lease_task_that_raises_stops_the_dispatcher(
         d = Dispatcher(options(pg_url, f1), status_server=False)
         assert await asyncio.wait_for(d.run(), 60) == 1
         assert "dispatch follow leases" in (d.supervisor.problem() or "")
+
+
+async def test_a_tracker_without_listings_remembers_a_bounded_number_of_finished_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dispatcher that holds no follow lease reads no listing (which prunes what its tracker
+    remembers); following its own creates must not grow that memory without end."""
+    monkeypatch.setattr(_tracker, "FINISHED_KEPT", 2)
+    async with (
+        fakes(1) as (fake,),
+        Store(sqlite_url(tmp_path)) as store,
+        RapiClient(fake.url, username=fake.username, password=fake.password) as client,
+    ):
+        jobs = [fake.cluster.submit([("OP_TEST_DELAY", {"duration": 0})], client=("gnt-debug", "delay"))
+                for _ in range(3)]  # fmt: skip
+        tracker = JobTracker("f1", client, store, concurrency=1, discover=False)
+        for job_id in jobs:
+            tracker.track(job_id)
+        task = asyncio.create_task(tracker.run())
+        try:
+            await eventually(lambda: tracker.ended == 3, what="every job followed")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert sorted(tracker._finished) == jobs[1:]  # the oldest forgotten
