@@ -13,8 +13,8 @@ from alembic import context
 from sqlalchemy import Connection, pool
 from sqlalchemy.ext.asyncio import async_engine_from_config
 
-from synnefo_ganeti.store._schema import metadata
-from synnefo_ganeti.store._urls import normalize_url
+from synnefo_ganeti.store.db._schema import metadata
+from synnefo_ganeti.store.db._urls import normalize_url
 
 config = context.config
 target_metadata = metadata

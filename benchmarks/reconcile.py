@@ -295,7 +295,7 @@ def insert_rows(conn: Any, rows: list[dict[str, Any]]) -> None:
     """One backend's rows in one statement (in the store's writer transaction)."""
     from sqlalchemy import insert
 
-    from synnefo_ganeti.store._instances import instances_t
+    from synnefo_ganeti.store.instances._instances import instances_t
 
     conn.execute(insert(instances_t), rows)
 

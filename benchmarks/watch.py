@@ -362,7 +362,7 @@ async def count_lost(store: Any, plans: list[Plan]) -> int:
     from sqlalchemy import select
 
     from synnefo_ganeti.jobs import JobSummary, parse_job_file
-    from synnefo_ganeti.store._jobs import jobs_t
+    from synnefo_ganeti.store.jobs._jobs import jobs_t
 
     expected: dict[int, JobSummary] = {}
     for plan in plans:

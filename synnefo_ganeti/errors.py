@@ -27,6 +27,8 @@ can catch everything with one ``except`` clause, or pick the branch it can act o
     │   └── CreateOutcomeUnknownError   a create's; ``.request_id``
     ├── JobFailedError              a job ended in ``error``; ``.ecode`` as Ganeti gives it
     ├── RequestTimeoutError         ``wait_request`` gave up waiting (also ``TimeoutError``)
+    ├── RootTaskEnded               a daemon's root task returned or was cancelled while it should run
+    │                               (also ``RuntimeError``); the supervisor stops the process with it
     └── StoreError                  the database could not do it: unreachable, locked, other schema (503)
 
 A caller maps errors to actions (or HTTP statuses) by type, never by message: the
@@ -66,6 +68,7 @@ __all__ = [
     "RapiTimeoutError",
     "RequestNotHeldError",
     "RequestTimeoutError",
+    "RootTaskEnded",
     "StoreError",
     "TLSError",
     "TransportError",
@@ -272,6 +275,13 @@ class MaintenanceStepError(GanetiError):
     """A step of a rolling maintenance did not reach its end (no master candidate, a node that did
     not come back, the operator's command failed); the message says which and why. The run is
     stored as failed at that step: ``synnefo-ganeti maintenance run BACKEND`` resumes it there."""
+
+
+class RootTaskEnded(GanetiError, RuntimeError):
+    """A daemon's root task returned or was cancelled while it should have run until stopped
+    (a root task that raised keeps its own exception). :attr:`Supervisor.failed
+    <synnefo_ganeti.daemon.Supervisor.failed>` holds it; the daemon then exits non-zero, its
+    health turned unhealthy for good. The message names the task."""
 
 
 class StoreError(GanetiError):

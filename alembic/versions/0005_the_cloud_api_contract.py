@@ -30,7 +30,7 @@ depends_on: str | Sequence[str] | None = None
 
 _ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
-#: the writers' advisory lock key ("sgwr"; synnefo_ganeti.store._engine._WRITE_LOCK_KEY)
+#: the writers' advisory lock key ("sgwr"; synnefo_ganeti.store.db._engine._WRITE_LOCK_KEY)
 _WRITE_LOCK_KEY = 1936160626
 CHANGES_CHANNEL = "synnefo_ganeti_changes"
 

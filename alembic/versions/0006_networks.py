@@ -7,7 +7,7 @@ Create Date: 2026-11-26 21:10:00.000000
 ``networks`` holds what ``ControlPlane.create_network`` was asked (subnet, gateway, MAC
 prefix, mode, link, node groups); ``network_backends`` one row per backend the network
 is on: its state (pending, active, error, deleting), the groups it is connected to and
-should be, the link resolved there and the last job (see ``store/_networks.py``).
+should be, the link resolved there and the last job (see ``store/networks/_networks.py``).
 """
 
 from __future__ import annotations

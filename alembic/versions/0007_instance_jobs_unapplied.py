@@ -5,7 +5,7 @@ Revises: 0006
 Create Date: 2026-11-26 22:45:00.000000
 
 Every process that follows recorded jobs (the dispatcher's follower of jobs recorded by other
-processes, ``store/_recorded.py``; a backend's unapplied jobs at start) asks for the rows with
+processes, ``store/instances/_recorded.py``; a backend's unapplied jobs at start) asks for the rows with
 ``applied_at IS NULL``. Those are the few jobs in flight, while the table keeps every job ever
 recorded: without an index each look read the whole table (on SQLite, every poll). The index
 holds only the unapplied rows, so it stays as small as the work in flight.

@@ -4,7 +4,7 @@ Revision ID: 0008
 Revises: 0007
 Create Date: 2026-11-27 01:30:00.000000
 
-A rename in progress holds the name it renames to (``store/_names.py``): every name check (a
+A rename in progress holds the name it renames to (``store/requests/_names.py``): every name check (a
 request written, an instance created, another rename) looks for unapplied ``rename`` jobs that
 take it. During a burst of creates the unapplied jobs are the creates in flight, thousands of
 them; this index holds only the renames not applied yet, so the look reads next to nothing.

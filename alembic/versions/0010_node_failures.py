@@ -27,7 +27,7 @@ down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-#: the writers' advisory lock key ("sgwr"; synnefo_ganeti.store._engine._WRITE_LOCK_KEY)
+#: the writers' advisory lock key ("sgwr"; synnefo_ganeti.store.db._engine._WRITE_LOCK_KEY)
 _WRITE_LOCK_KEY = 1936160626
 _CHANNEL = "synnefo_ganeti_changes"
 _SQLITE_NOW = "(julianday('now') - 2440587.5) * 86400.0"

@@ -32,7 +32,7 @@ from synnefo_ganeti.cli._output import empty, print_json, run, stderr, stdout, w
 from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.control._maintenance import MaintenanceOptions, RollingMaintenance
 from synnefo_ganeti.store import Store
-from synnefo_ganeti.store._maintenance import MaintenanceRecord
+from synnefo_ganeti.store.operations._maintenance import MaintenanceRecord
 
 __all__ = ["maintenance"]
 

@@ -5,7 +5,7 @@ phase and node it is at, who started it, its last heartbeat, its error); ``/main
 shows one run's plan, group by group, and where it is. Runs start, resume and are canceled from
 the CLI (``synnefo-ganeti maintenance run|cancel``): a run lasts as long as its nodes take to
 reboot, which a console request must not hold. The pages read the database only
-(:class:`~synnefo_ganeti.store._maintenance.MaintenanceStore`), so a separate ``web`` process
+(:class:`~synnefo_ganeti.store.operations._maintenance.MaintenanceStore`), so a separate ``web`` process
 sees the CLI's runs; a run whose heartbeat is older than :data:`STALE_AFTER` seconds is shown
 as "not running (killed?)": ``maintenance run BACKEND`` resumes it.
 """
@@ -22,7 +22,7 @@ from synnefo_ganeti.allocate import MaintenancePlan
 from synnefo_ganeti.console._auth import page
 from synnefo_ganeti.control import ControlPlane
 from synnefo_ganeti.errors import NotFoundError
-from synnefo_ganeti.store._maintenance import MaintenanceRecord, MaintenanceStore
+from synnefo_ganeti.store.operations._maintenance import MaintenanceRecord, MaintenanceStore
 
 __all__ = ["STALE_AFTER", "MaintenancePages", "run_view"]
 

@@ -2,7 +2,7 @@
 
 An action (start, stop, reboot, modify, delete, and the operations of
 :mod:`synnefo_ganeti.control._operations`) runs in three steps (see
-:mod:`synnefo_ganeti.store._tasks`): the instance's task is reserved in a writer
+:mod:`synnefo_ganeti.store.instances._tasks`): the instance's task is reserved in a writer
 transaction (a task in progress is a :class:`ConflictError`, raised before anything is
 sent to Ganeti), the job is submitted, and the job is recorded (``task_job_id``); its
 end, applied by the writer, clears the task and sets or clears ``last_error``. A submit
@@ -21,7 +21,7 @@ Deletes follow what Synnefo expects:
 * an ERROR instance that Ganeti does not have (``GET /2/instances/NAME`` answers 404)
   ends DESTROYED without a job: :func:`delete` returns None;
 * a remove job that fails because Ganeti has no such instance ends it DESTROYED
-  (``store/_instances.py``, applying the job's end).
+  (``store/instances/_instances.py``, applying the job's end).
 
 Never what is not ours: an instance the store holds as not owned (the reconciler marks a
 row whose instance in Ganeti lacks the ownership marks of ``[ownership]``:
@@ -51,8 +51,8 @@ from synnefo_ganeti.errors import (
 )
 from synnefo_ganeti.rapi import REASON_PREFIX, RapiClient, is_transient, is_unsent, job_reason
 from synnefo_ganeti.store import InstanceAction, InstanceStatus, Store, StoredInstance
-from synnefo_ganeti.store._instances import get_instance_row
-from synnefo_ganeti.store._tasks import Reservation, destroy_missing, release_task, reserve_task
+from synnefo_ganeti.store.instances._instances import get_instance_row
+from synnefo_ganeti.store.instances._tasks import Reservation, destroy_missing, release_task, reserve_task
 
 __all__ = ["delete", "refuse_not_owned", "run_action", "submit_refused"]
 
@@ -90,7 +90,9 @@ async def _reserve(
     def reserve(conn: Connection) -> Reservation:
         refuse_not_owned(get_instance_row(conn, backend_id, backend, name), action)
         if precheck is not None:
-            precheck(conn)  # in the reservation's transaction: a rename's new name free (store/_names.py)
+            precheck(
+                conn
+            )  # in the reservation's transaction: a rename's new name free (store/requests/_names.py)
         return reserve_task(conn, backend_id, backend, name, action)
 
     return await store.call(reserve)
@@ -177,7 +179,7 @@ async def run_action(
 
     :class:`NotFoundError` for an instance the database lacks (or holds DESTROYED),
     :class:`ConflictError` while another action is in progress on it. ``params`` and
-    ``start`` are recorded with the job (what its end changes, store/_outcomes.py);
+    ``start`` are recorded with the job (what its end changes, store/instances/_outcomes.py);
     ``precheck`` runs in the reservation's transaction and may refuse (a name taken)."""
     reservation = await _reserve(store, backend, name, action, precheck)
     if reservation.job_id is not None:

@@ -4,7 +4,7 @@
   request is canceled for good; it never creates later (a dispatcher sending its create just now
   cancels the job while queued, or the delete follows the create's end).
 * A create running: its job is canceled if Ganeti has not started it (nothing is made); else the
-  delete is written (``instances.delete_requested_at``, store/_deletes.py) and follows the
+  delete is written (``instances.delete_requested_at``, store/requests/_deletes.py) and follows the
   create's end; a create that fails or would be placed again ends the request canceled instead.
 * Another action running (stop, reboot, modify, ...): the delete is written and follows its end.
 * Otherwise the remove is sent now, as :func:`~synnefo_ganeti.control._actions.delete` does.

@@ -27,7 +27,7 @@ role did move ("The master IP did not come up within 30 seconds"): what Ganeti r
 
 Every job (drains, moves) goes at :data:`~synnefo_ganeti.rapi._base.PRIORITY_LOW`, below the
 cloud's actions (normal). The position (group, phase, node, the nodes done in the phase, steps
-done) is stored before and after every step (:class:`~synnefo_ganeti.store._maintenance.MaintenanceStore`),
+done) is stored before and after every step (:class:`~synnefo_ganeti.store.operations._maintenance.MaintenanceStore`),
 every step is logged and written to the audit log, and a heartbeat says the run is alive while a
 long step runs. A process killed in the middle leaves its run ``running`` with an old heartbeat:
 :meth:`RollingMaintenance.run` again resumes it at the step it was in (the stored plan, not a
@@ -58,8 +58,8 @@ from synnefo_ganeti.errors import (
     NotFoundError,
 )
 from synnefo_ganeti.rapi._base import PRIORITY_LOW, job_priority
-from synnefo_ganeti.store._maintenance import MaintenanceRecord, MaintenanceStore
-from synnefo_ganeti.store._status import StatusStore
+from synnefo_ganeti.store.operations._maintenance import MaintenanceRecord, MaintenanceStore
+from synnefo_ganeti.store.operations._status import StatusStore
 
 if TYPE_CHECKING:
     from synnefo_ganeti.control._facade import ControlPlane

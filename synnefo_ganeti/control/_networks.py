@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from synnefo_ganeti.control._network_checks import Groups, check_network, groups_for
 from synnefo_ganeti.errors import ConflictError, GanetiError
 from synnefo_ganeti.reconcile._network_jobs import find_network, make_on_backend, remove_from_backend
-from synnefo_ganeti.store._networks import NetworkState, NetworkStore, StoredNetwork
+from synnefo_ganeti.store.networks._networks import NetworkState, NetworkStore, StoredNetwork
 
 if TYPE_CHECKING:
     from synnefo_ganeti.config import Settings

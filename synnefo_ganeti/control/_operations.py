@@ -5,7 +5,7 @@ Each operation but the console is an action (:mod:`synnefo_ganeti.control._actio
 reserved first (another action in progress, or a build, is a :class:`ConflictError` before
 anything is sent), the Ganeti job submitted, the job recorded with what it changes; the job's
 end, applied by the writer when the watcher or the dispatcher stores it, clears the task, sets
-or clears ``last_error`` and moves the stored instance (``store/_outcomes.py``,
+or clears ``last_error`` and moves the stored instance (``store/instances/_outcomes.py``,
 ``changes_after``). The dispatcher's observer then stores Ganeti's own values (a new NIC's MAC
 and IP, a disk's uuid, the node a migration chose).
 
@@ -34,10 +34,10 @@ operations hold no version logic of their own.
 Checks made before anything is written or sent raise :class:`ValidationError` (naming the
 argument); a rename to a name another instance or open request holds, under ``[ownership]
 unique_names``, is a :class:`ConflictError` in the reservation's transaction. While the
-rename's job is in flight its new name is held (``store/_names.py``: every name check looks at
+rename's job is in flight its new name is held (``store/requests/_names.py``: every name check looks at
 the unapplied rename jobs, through a partial index of them). Between the reservation and the
 job being recorded (one RAPI submit) it is not: if the database took the name then, the
-rename's end keeps the old name and sets ``last_error`` (``store/_column_changes.py``).
+rename's end keeps the old name and sets ``last_error`` (``store/instances/_column_changes.py``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from synnefo_ganeti.errors import ConflictError, NotFoundError, UnavailableError
 from synnefo_ganeti.rapi import InstanceConsole, RapiClient
 from synnefo_ganeti.reconcile._observe import expected_beparams, our_tags
 from synnefo_ganeti.store import InstanceAction, InstanceStatus, StoredInstance
-from synnefo_ganeti.store._names import check_name_free
+from synnefo_ganeti.store.requests._names import check_name_free
 
 if TYPE_CHECKING:
     from synnefo_ganeti.config import Settings

@@ -4,7 +4,8 @@ supervisor of their root tasks."""
 from __future__ import annotations
 
 from synnefo_ganeti.daemon._http import StatusServer
-from synnefo_ganeti.daemon._supervisor import RootTaskEnded, Supervisor
+from synnefo_ganeti.daemon._supervisor import Supervisor
 from synnefo_ganeti.daemon._systemd import SystemdNotifier
+from synnefo_ganeti.errors import RootTaskEnded
 
 __all__ = ["RootTaskEnded", "StatusServer", "Supervisor", "SystemdNotifier"]

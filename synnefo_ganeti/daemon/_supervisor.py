@@ -28,17 +28,14 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from synnefo_ganeti.errors import RootTaskEnded
+
 __all__ = ["Supervisor"]
 
 _log = logging.getLogger("synnefo_ganeti.daemon")
 
 #: what :attr:`Supervisor.on_failure` callbacks are given: the task's name and why it ended
 FailureCallback = Callable[[str, BaseException], None]
-
-
-class RootTaskEnded(RuntimeError):
-    """What :attr:`Supervisor.failed` holds for a root task that returned or was cancelled
-    while it should have run until stopped (a raised exception is kept as it is)."""
 
 
 class Supervisor:

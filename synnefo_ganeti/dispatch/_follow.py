@@ -36,7 +36,7 @@ from synnefo_ganeti._backoff import Backoff
 from synnefo_ganeti.dispatch._tracker import JobTracker
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.store import Store
-from synnefo_ganeti.store._recorded import JobSignal
+from synnefo_ganeti.store.instances._recorded import JobSignal
 
 __all__ = ["FOLLOW_TASK", "RecordedJobs"]
 

@@ -11,7 +11,7 @@ last one placed elsewhere 60 to 90 s after the crash). So when a node leaves pla
 it submitted there whose job Ganeti has not started (``DELETE /2/jobs/ID``; Ganeti cancels only
 a job that is queued or waiting for its locks) after writing on the request why
 (:meth:`~synnefo_ganeti.store.Store.mark_moving`): the canceled job's end then puts the request
-back to be placed (``store/_settle.py``), where the user's cancel would have ended it. A job
+back to be placed (``store/requests/_settle.py``), where the user's cancel would have ended it. A job
 that already runs is left to end on its own (it fails naming the node, and the request is
 placed again the same way).
 """

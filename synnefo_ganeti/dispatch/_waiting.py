@@ -17,7 +17,7 @@ fixed set so that the label stays cheap:
 The reason is written again only when its kind changes, or its words after
 :data:`REWRITE_AFTER` seconds (the words carry free memory and such, which change with every
 create that ends: a write each time would make a change-feed row each time). Placing a request
-clears it in the same transaction (store/_requests.py ``place``, store/_requests_batch.py), and
+clears it in the same transaction (store/requests/_requests.py ``place``, store/requests/_requests_batch.py), and
 so does its end (``finish``).
 """
 

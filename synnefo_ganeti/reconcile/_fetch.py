@@ -31,8 +31,8 @@ from sqlalchemy import Connection, Dialect, Text, case, cast, func, select, text
 from synnefo_ganeti._gc import gc_paused
 from synnefo_ganeti.rapi import RapiClient
 from synnefo_ganeti.store import InstanceStatus, Store
-from synnefo_ganeti.store._instances import backends_t, instances_t
-from synnefo_ganeti.store._node_state import GANETI_NODE_STATES
+from synnefo_ganeti.store.instances._instances import backends_t, instances_t
+from synnefo_ganeti.store.instances._node_state import GANETI_NODE_STATES
 
 if TYPE_CHECKING:
     from synnefo_ganeti.reconcile._observe import RowView

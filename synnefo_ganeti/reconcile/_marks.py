@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from synnefo_ganeti.reconcile._observe import InstanceView
 from synnefo_ganeti.reconcile._plan import DbSnapshot, Drift, DriftKind, GanetiSnapshot
 from synnefo_ganeti.store import InstanceStatus, Store
-from synnefo_ganeti.store._node_state import node_state_of
+from synnefo_ganeti.store.instances._node_state import node_state_of
 
 __all__ = ["node_states", "not_owned_rows", "ours", "record_marks"]
 

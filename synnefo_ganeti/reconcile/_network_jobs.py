@@ -31,7 +31,7 @@ from synnefo_ganeti.allocate import reserved_elsewhere
 from synnefo_ganeti.errors import ConflictError, GanetiError, JobFailedError, RapiNotFoundError
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import Network, RapiClient
-from synnefo_ganeti.store._networks import NetworkState, NetworkStore, StoredNetwork
+from synnefo_ganeti.store.networks._networks import NetworkState, NetworkStore, StoredNetwork
 
 __all__ = [
     "default_link",

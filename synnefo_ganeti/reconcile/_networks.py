@@ -67,7 +67,7 @@ from synnefo_ganeti.reconcile._network_jobs import (
     unreserved_elsewhere,
 )
 from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
-from synnefo_ganeti.store._networks import NetworkState, NetworkStore, StoredNetwork
+from synnefo_ganeti.store.networks._networks import NetworkState, NetworkStore, StoredNetwork
 
 __all__ = [
     "NETWORK_GRACE",

@@ -54,9 +54,9 @@ from synnefo_ganeti.reconcile._fetch import (
     snapshot_row,
 )
 from synnefo_ganeti.store import InstanceStatus, Store, StoredJob
-from synnefo_ganeti.store._jobs import read_jobs
-from synnefo_ganeti.store._networks import StoredNetwork, read_networks
 from synnefo_ganeti.store._pinned import PinnedRead
+from synnefo_ganeti.store.jobs._jobs import read_jobs
+from synnefo_ganeti.store.networks._networks import StoredNetwork, read_networks
 
 __all__ = ["ANY", "PassReads", "PassRows", "expected_cells", "read_pass_parts", "read_pass_rows", "settle"]
 

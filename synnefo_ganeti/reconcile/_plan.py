@@ -79,7 +79,7 @@ from synnefo_ganeti.reconcile._observe import (
     tags_differ,
 )
 from synnefo_ganeti.store import InstanceStatus, StoredJob
-from synnefo_ganeti.store._node_state import node_state_of
+from synnefo_ganeti.store.instances._node_state import node_state_of
 
 __all__ = [
     "BUILD_GRACE",

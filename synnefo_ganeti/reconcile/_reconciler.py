@@ -49,7 +49,7 @@ from synnefo_ganeti.reconcile._plan import (
 )
 from synnefo_ganeti.reconcile._snapshots import complete_ganeti, snapshot_db, snapshot_ganeti
 from synnefo_ganeti.store import JobVersion, Store, record_observed
-from synnefo_ganeti.store._outcomes import error_record
+from synnefo_ganeti.store.instances._outcomes import error_record
 
 if TYPE_CHECKING:
     from synnefo_ganeti.config import BackendSettings, Settings

@@ -8,27 +8,6 @@ database); :meth:`Store.put` queues job-file versions for its one batching write
 from __future__ import annotations
 
 from synnefo_ganeti.errors import RequestNotHeldError
-from synnefo_ganeti.store._backends import NodeRow
-from synnefo_ganeti.store._changes import Change
-from synnefo_ganeti.store._incidents import INCIDENT_KINDS, OUTCOMES, Incident, IncidentStore
-from synnefo_ganeti.store._instances import (
-    InstanceAction,
-    InstanceStatus,
-    StoredInstance,
-    instance_status_after,
-)
-from synnefo_ganeti.store._migrate import current_revision, head_revision, upgrade
-from synnefo_ganeti.store._networks import NetworkOnBackend, NetworkState, NetworkStore, StoredNetwork
-from synnefo_ganeti.store._node_errors import NodeFault, is_node_error, node_fault
-from synnefo_ganeti.store._observed import OBSERVED_FIELDS, record_observed, store_observed
-from synnefo_ganeti.store._requests import Request, RequestStatus, new_request_id, request_tag
-from synnefo_ganeti.store._settle import (
-    is_backend_error,
-    is_capacity_error,
-    is_job_death_error,
-    is_name_taken_error,
-)
-from synnefo_ganeti.store._status import AuditRecord, DispatcherReport, ReconcileRecord, StatusStore
 from synnefo_ganeti.store._store import (
     CommitInfo,
     JobVersion,
@@ -40,7 +19,38 @@ from synnefo_ganeti.store._store import (
     WriterStats,
     upgrade_database,
 )
-from synnefo_ganeti.store._urls import display_url, normalize_url
+from synnefo_ganeti.store.backends._backends import NodeRow
+from synnefo_ganeti.store.changes._changes import Change
+from synnefo_ganeti.store.db._migrate import current_revision, head_revision, upgrade
+from synnefo_ganeti.store.db._urls import display_url, normalize_url
+from synnefo_ganeti.store.instances._instances import (
+    InstanceAction,
+    InstanceStatus,
+    StoredInstance,
+    instance_status_after,
+)
+from synnefo_ganeti.store.instances._node_errors import NodeFault, is_node_error, node_fault
+from synnefo_ganeti.store.instances._observed import OBSERVED_FIELDS, record_observed, store_observed
+from synnefo_ganeti.store.networks._networks import (
+    NetworkOnBackend,
+    NetworkState,
+    NetworkStore,
+    StoredNetwork,
+)
+from synnefo_ganeti.store.operations._incidents import INCIDENT_KINDS, OUTCOMES, Incident, IncidentStore
+from synnefo_ganeti.store.operations._status import (
+    AuditRecord,
+    DispatcherReport,
+    ReconcileRecord,
+    StatusStore,
+)
+from synnefo_ganeti.store.requests._requests import Request, RequestStatus, new_request_id, request_tag
+from synnefo_ganeti.store.requests._settle import (
+    is_backend_error,
+    is_capacity_error,
+    is_job_death_error,
+    is_name_taken_error,
+)
 
 __all__ = [
     "INCIDENT_KINDS",

@@ -31,8 +31,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synnefo_ganeti.store._backends import backends_t
-from synnefo_ganeti.store._engine import Database
+from synnefo_ganeti.store.backends._backends import backends_t
+from synnefo_ganeti.store.db._engine import Database
 
 __all__ = ["PinnedRead", "pinned_read"]
 

@@ -29,28 +29,27 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from synnefo_ganeti.jobs import JobFile, JobStatus
-from synnefo_ganeti.store import _recorded
-from synnefo_ganeti.store._backends import Backends, NodeRow
-from synnefo_ganeti.store._changes import Change, Changes
-from synnefo_ganeti.store._engine import Database, upgrade_database
-from synnefo_ganeti.store._events import Events
-from synnefo_ganeti.store._instances import InstanceAction, InstanceStatus, StoredInstance
-from synnefo_ganeti.store._instances_repo import InstancePage, Instances
-from synnefo_ganeti.store._jobs import Jobs
-from synnefo_ganeti.store._models import (
-    CommitInfo,
+from synnefo_ganeti.store._pinned import PinnedRead, pinned_read
+from synnefo_ganeti.store.backends._backends import Backends, NodeRow
+from synnefo_ganeti.store.changes._changes import Change, Changes
+from synnefo_ganeti.store.db._engine import Database, upgrade_database
+from synnefo_ganeti.store.db._writer import CommitInfo, Writer, WriterStats
+from synnefo_ganeti.store.instances import _recorded
+from synnefo_ganeti.store.instances._apply import apply_final_jobs
+from synnefo_ganeti.store.instances._instances import InstanceAction, InstanceStatus, StoredInstance
+from synnefo_ganeti.store.instances._instances_repo import InstancePage, Instances
+from synnefo_ganeti.store.jobs._events import Events
+from synnefo_ganeti.store.jobs._jobs import Jobs
+from synnefo_ganeti.store.jobs._models import (
     JobVersion,
     PruneResult,
     StoredEvent,
     StoredJob,
     StoredOp,
-    WriterStats,
 )
-from synnefo_ganeti.store._names import UniqueNames
-from synnefo_ganeti.store._pinned import PinnedRead, pinned_read
-from synnefo_ganeti.store._requests_repo import Requests
-from synnefo_ganeti.store._store_requests import RequestMethods
-from synnefo_ganeti.store._writer import Writer
+from synnefo_ganeti.store.requests._names import UniqueNames
+from synnefo_ganeti.store.requests._requests_repo import Requests
+from synnefo_ganeti.store.requests._store_requests import RequestMethods
 
 __all__ = [
     "CommitInfo",
@@ -97,7 +96,7 @@ class Store(RequestMethods):
             db, lambda batch: self._jobs.write_batch(batch), batch_size=batch_size, queue_size=queue_size
         )
         self._backends = Backends(db, self._writer)
-        self._jobs = Jobs(db, self._backends)
+        self._jobs = Jobs(db, self._backends, apply_final_jobs)
         self._events = Events(db, self._backends, self._writer, poll_interval=poll_interval)
         self._changes = Changes(db, self._writer, poll_interval=poll_interval)
         self._instances = Instances(db, self._backends, self._writer)
@@ -382,7 +381,7 @@ class Store(RequestMethods):
             return found[0]
         if id is not None and backend is None and name is None:
             # a request's instance without its row (not placed yet, between two attempts, or
-            # ended with nothing made): its request tells it (store/_request_view.py)
+            # ended with nothing made): its request tells it (store/requests/_request_view.py)
             return await self.request_instance_view(id)
         return None
 

@@ -21,7 +21,7 @@ from synnefo_ganeti.config import Settings
 from synnefo_ganeti.dispatch._observe import Observer
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
-from synnefo_ganeti.store._networks import NetworkState
+from synnefo_ganeti.store.networks._networks import NetworkState
 from tests.helpers import eventually
 from tests.integration._testbed import (
     BACKEND,

@@ -30,7 +30,8 @@ from synnefo_ganeti import Change, ControlPlane, Settings
 from synnefo_ganeti.config import NotifySettings
 from synnefo_ganeti.dispatch import SIGNATURE_HEADER, Dispatcher, DispatcherLock, WebhookDeliverer
 from synnefo_ganeti.errors import ConfigError
-from synnefo_ganeti.store import Store, _changes
+from synnefo_ganeti.store import Store
+from synnefo_ganeti.store.changes import _changes
 from tests.helpers import WAIT, eventually
 from tests.unit.test_dispatcher import running
 

@@ -19,7 +19,7 @@ from synnefo_ganeti.errors import AuthenticationError
 from synnefo_ganeti.jobs import JobStatus, JobSummary, OpSummary
 from synnefo_ganeti.reconcile import Fix, Reconciler
 from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
-from synnefo_ganeti.store._outcomes import instance_unknown, last_error_after
+from synnefo_ganeti.store.instances._outcomes import instance_unknown, last_error_after
 from synnefo_ganeti.testing import FakeGaneti
 from synnefo_ganeti.watch import QueueWatcher
 from tests import helpers

@@ -23,7 +23,7 @@ from sqlalchemy import insert
 from synnefo_ganeti import ConflictError, ControlPlane, NotFoundError
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.store import InstanceStatus, RequestStatus, Store, StoredInstance
-from synnefo_ganeti.store._instances import instances_t
+from synnefo_ganeti.store.instances._instances import instances_t
 from synnefo_ganeti.testing import FakeGaneti
 from synnefo_ganeti.watch import QueueWatcher
 from tests import helpers

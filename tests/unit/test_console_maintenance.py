@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.console import Console
 from synnefo_ganeti.store import Store
-from synnefo_ganeti.store._maintenance import MaintenanceStore
+from synnefo_ganeti.store.operations._maintenance import MaintenanceStore
 from tests.unit.test_console import login, write_users
 
 PLAN = {

@@ -78,9 +78,11 @@ async def made(lab: Lab, name: str, node: str, template: str = "sharedfile") -> 
 
     async def started() -> bool:
         stored = await lab.store.get_instance("alpha", name)
-        return stored is not None and stored.status is InstanceStatus.STARTED
+        # the node is stored from the dispatcher's read of the instance after the create's end,
+        # a moment after its status
+        return stored is not None and stored.status is InstanceStatus.STARTED and stored.pnode == node
 
-    await eventually(started, what=f"{name} started")
+    await eventually(started, what=f"{name} started, on {node} in the store")
 
 
 def section(page: str, marker: str, end: str = "</section>") -> str:

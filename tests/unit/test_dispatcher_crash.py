@@ -17,8 +17,9 @@ from synnefo_ganeti.config import Settings
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.reconcile._observe import expectation
-from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, Store, _requests, request_tag
-from synnefo_ganeti.store._requests import new_request_id
+from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, Store, request_tag
+from synnefo_ganeti.store.requests import _requests
+from synnefo_ganeti.store.requests._requests import new_request_id
 from synnefo_ganeti.testing import FakeGaneti
 from tests.helpers import eventually, spec
 from tests.unit.test_dispatcher import (

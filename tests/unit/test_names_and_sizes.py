@@ -24,7 +24,7 @@ from synnefo_ganeti.allocate import Catalog, check_name, check_spec, refusals
 from synnefo_ganeti.errors import ConflictError
 from synnefo_ganeti.rapi import ClusterInfo, InstanceSpec, Node
 from synnefo_ganeti.store import InstanceStatus, RequestStatus, Store, normalize_url
-from synnefo_ganeti.store._names import check_name_free
+from synnefo_ganeti.store.requests._names import check_name_free
 from tests.helpers import spec
 from tests.unit.test_dispatcher import backend, fakes, settings_for
 
@@ -125,7 +125,7 @@ async def test_a_request_name_is_one_whatever_its_case(db_url: str) -> None:
 
 
 async def test_requests_written_together_clash_whatever_their_case(db_url: str) -> None:
-    """Adds queued together go in one set-based step (store/_requests_batch.py): its fast path
+    """Adds queued together go in one set-based step (store/requests/_requests_batch.py): its fast path
     compares lowered names too, so exactly one of each clashing group is written."""
     async with Store(db_url) as store:
         names = [f"{case}.example.org" for case in ("mixed", "MIXED", "Mixed", "miXed")] + [

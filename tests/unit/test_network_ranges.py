@@ -27,7 +27,7 @@ from synnefo_ganeti.rapi import InstanceSpec, Network, Node
 from synnefo_ganeti.reconcile import NetworkDriftKind
 from synnefo_ganeti.reconcile._networks import NetworkSnapshot, plan_conflicts
 from synnefo_ganeti.store import InstanceStatus, StoredInstance
-from synnefo_ganeti.store._networks import NetworkOnBackend, NetworkState, StoredNetwork
+from synnefo_ganeti.store.networks._networks import NetworkOnBackend, NetworkState, StoredNetwork
 from synnefo_ganeti.testing._model import AddressPool
 from tests import helpers
 

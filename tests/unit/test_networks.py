@@ -18,7 +18,7 @@ from synnefo_ganeti.config import Settings
 from synnefo_ganeti.dispatch._observe import Observer
 from synnefo_ganeti.errors import ConfigError, JobFailedError
 from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
-from synnefo_ganeti.store._networks import NetworkState
+from synnefo_ganeti.store.networks._networks import NetworkState
 from synnefo_ganeti.testing import FakeGaneti
 from synnefo_ganeti.watch import QueueWatcher
 from tests import helpers

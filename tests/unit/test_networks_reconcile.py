@@ -18,7 +18,12 @@ from synnefo_ganeti.reconcile._networks import (
     plan_networks,
 )
 from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
-from synnefo_ganeti.store._networks import NetworkOnBackend, NetworkState, NetworkStore, StoredNetwork
+from synnefo_ganeti.store.networks._networks import (
+    NetworkOnBackend,
+    NetworkState,
+    NetworkStore,
+    StoredNetwork,
+)
 from synnefo_ganeti.testing import FakeGaneti
 from tests import helpers
 

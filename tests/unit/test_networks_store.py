@@ -1,4 +1,4 @@
-"""The networks' rows (store/_networks.py) on SQLite and PostgreSQL: a name taken, each backend's
+"""The networks' rows (store/networks/_networks.py) on SQLite and PostgreSQL: a name taken, each backend's
 state, the summed-up status, removal, and which stored instances use a network."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from synnefo_ganeti import ConflictError, NotFoundError
 from synnefo_ganeti.store import InstanceStatus, Store
-from synnefo_ganeti.store._networks import NetworkState, NetworkStore
+from synnefo_ganeti.store.networks._networks import NetworkState, NetworkStore
 
 
 def values(**kwargs: Any) -> dict[str, Any]:

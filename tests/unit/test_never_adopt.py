@@ -29,7 +29,7 @@ from synnefo_ganeti.rapi import Instance, Job
 from synnefo_ganeti.reconcile import DbSnapshot, DriftKind, Fix, GanetiSnapshot, Reconciler, plan
 from synnefo_ganeti.reconcile._networks import NetworkDriftKind, check_networks
 from synnefo_ganeti.store import InstanceStatus, Store, StoredInstance
-from synnefo_ganeti.store._networks import NetworkState, NetworkStore
+from synnefo_ganeti.store.networks._networks import NetworkState, NetworkStore
 from synnefo_ganeti.testing import FakeGaneti
 from tests import helpers
 from tests.unit.test_console import login, write_users

@@ -1,6 +1,6 @@
 """What a backend offers (``cp.catalog(backend)``, ``synnefo-ganeti backends show``), and Ganeti's
 values stored after the operations when the dispatcher follows them (its observer); the pure
-part of what an operation's end changes (store/_outcomes.py)."""
+part of what an operation's end changes (store/instances/_outcomes.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from synnefo_ganeti.cli import main
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.store import InstanceAction, InstanceStatus, Store, StoredInstance
-from synnefo_ganeti.store._outcomes import CHANGING_ACTIONS, changes_after
+from synnefo_ganeti.store.instances._outcomes import CHANGING_ACTIONS, changes_after
 from synnefo_ganeti.testing import FakeGaneti
 from tests.helpers import eventually, spec
 from tests.unit.test_dispatcher import QUICK, backend, running, settings_for

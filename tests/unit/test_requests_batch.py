@@ -1,4 +1,4 @@
-"""The dispatcher's hot writes, set-based (store/_requests_batch.py): requests added, placed and
+"""The dispatcher's hot writes, set-based (store/requests/_requests_batch.py): requests added, placed and
 submitted many at once when the writer finds them queued together, with the same outcome for
 each caller as one by one, the cases off the fast path (a repeated id, a name taken, a request
 not held, a job whose end is stored already) included."""
@@ -13,8 +13,9 @@ import pytest
 from sqlalchemy import select
 
 from synnefo_ganeti.errors import ConflictError
-from synnefo_ganeti.store import InstanceStatus, RequestNotHeldError, RequestStatus, Store, _requests_repo
-from synnefo_ganeti.store._instances import instances_t
+from synnefo_ganeti.store import InstanceStatus, RequestNotHeldError, RequestStatus, Store
+from synnefo_ganeti.store.instances._instances import instances_t
+from synnefo_ganeti.store.requests import _requests_repo
 from tests.unit.test_requests import CREATE_OK, canceled, job
 
 INSTANCE: dict[str, Any] = {"os": "noop", "disk_template": "diskless", "tags": [], "nics": [], "disks": []}

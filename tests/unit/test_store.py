@@ -36,7 +36,7 @@ from synnefo_ganeti.store import (
     head_revision,
     normalize_url,
 )
-from synnefo_ganeti.store._engine import _WRITE_LOCK_KEY
+from synnefo_ganeti.store.db._engine import _WRITE_LOCK_KEY
 from tests.helpers import QUEUE_FIXTURES, eventually
 
 BACKEND = "cluster1"

@@ -15,7 +15,7 @@ from sqlalchemy import update
 
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.store import PruneResult, Store, StoredEvent
-from synnefo_ganeti.store._schema import Job, JobEventRow
+from synnefo_ganeti.store.jobs._rows import Job, JobEventRow
 from tests.helpers import QUEUE_FIXTURES, clock_ticks, eventually
 from tests.unit.test_store import (
     BACKEND,

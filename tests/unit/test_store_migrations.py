@@ -1,4 +1,4 @@
-"""The migrations in alembic/ and the model in synnefo_ganeti.store._schema agree, on both databases."""
+"""The migrations in alembic/ and the model in synnefo_ganeti.store.db._schema agree, on both databases."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from sqlalchemy import Column, Connection, MetaData, String, event, inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from synnefo_ganeti.store import Store, current_revision, head_revision, normalize_url, upgrade
-from synnefo_ganeti.store._migrate import alembic_config
-from synnefo_ganeti.store._schema import metadata
+from synnefo_ganeti.store.db._migrate import alembic_config
+from synnefo_ganeti.store.db._schema import metadata
 
 # SQLite's reflection cannot read an index of an expression (migration 0012's lower(name)): it
 # says so, and the comparison leaves that index out there (PostgreSQL compares it)
@@ -278,12 +278,12 @@ async def test_0007_indexes_only_the_jobs_whose_end_is_not_applied(db_url: str, 
 
 
 async def test_0008_indexes_the_renames_in_progress(db_url: str, engine: AsyncEngine) -> None:
-    """Every name check asks for the renames in progress (``store/_names.py``'s ``renaming_to``):
+    """Every name check asks for the renames in progress (``store/requests/_names.py``'s ``renaming_to``):
     a partial index of the unapplied ``rename`` jobs answers it; SQLite's plan for that very query
     uses it (its condition spelled as the index's); 0007 has no such index."""
     from sqlalchemy import text
 
-    from synnefo_ganeti.store._names import renaming_to
+    from synnefo_ganeti.store.requests._names import renaming_to
 
     await upgrade(engine)
 
@@ -356,8 +356,8 @@ async def test_0009_indexes_the_instances_by_name(db_url: str, engine: AsyncEngi
     from sqlalchemy import text
 
     from synnefo_ganeti.reconcile._fetch import read_rows
-    from synnefo_ganeti.store._instances import current_row
-    from synnefo_ganeti.store._names import check_name_free
+    from synnefo_ganeti.store.instances._instances import current_row
+    from synnefo_ganeti.store.requests._names import check_name_free
 
     await upgrade(engine)
 

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from synnefo_ganeti.errors import ConflictError, InvalidError
 from synnefo_ganeti.store import Store
-from synnefo_ganeti.store._backends import backend_events_t
+from synnefo_ganeti.store.backends._backends import backend_events_t
 
 
 async def test_calls_queued_together_commit_together_and_fail_alone(db_url: str) -> None:

@@ -1,0 +1,1 @@
+"""Backends: their rows, nodes and events, and their repository."""

@@ -1,0 +1,1 @@
+"""Instances and their tasks: rows, a job's outcome applied to them, observed state, nodes."""

@@ -1,0 +1,1 @@
+"""Networks on backends: their rows and their store."""

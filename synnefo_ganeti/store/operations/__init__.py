@@ -1,0 +1,1 @@
+"""The operators' records: dispatchers' reports, the audit log, incidents, maintenance runs."""

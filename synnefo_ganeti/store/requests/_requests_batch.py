@@ -1,0 +1,354 @@
+"""The dispatcher's two hot writes, set-based: placing many requests, recording many submissions.
+
+A burst of creates has the dispatcher place and submit hundreds of requests a second; done one
+by one, each is a dozen statements in the writer's transaction, and the writer (one per
+process) becomes the limit. These steps do the common case of many requests in a handful of
+statements (:mod:`._batch`): a request held by the caller, placed for the first time, whose
+name no other instance or open request holds; a submission whose instance row is there and
+whose job is not recorded nor stored as ended. Every other case is left (None) to the one-by-one
+functions of :mod:`._requests_repo`, which say what is wrong or settle what is special.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import bindparam, delete, func, insert, select, tuple_, update
+from sqlalchemy.engine import Connection
+
+from synnefo_ganeti.jobs import JobStatus
+from synnefo_ganeti.store.db._batch import Outcome
+from synnefo_ganeti.store.db._locks import lock_keys
+from synnefo_ganeti.store.instances._instances import (
+    InstanceAction,
+    InstanceStatus,
+    instance_jobs_t,
+    instances_t,
+    jobs_t,
+)
+from synnefo_ganeti.store.instances._outcomes import task_of
+from synnefo_ganeti.store.instances._recorded import notify_job_recorded
+from synnefo_ganeti.store.requests._names import renaming_to
+from synnefo_ganeti.store.requests._requests import (
+    Request,
+    RequestStatus,
+    new_instance_id,
+    requests_t,
+    select_requests,
+)
+
+__all__ = ["AddArgs", "PlaceArgs", "SubmittedArgs", "add_many", "place_many", "submitted_many"]
+
+_OPEN = (RequestStatus.PENDING.value, RequestStatus.SUBMITTED.value)
+_DESTROYED = InstanceStatus.DESTROYED.value
+
+
+@dataclass(frozen=True, slots=True)
+class AddArgs:
+    request_id: str
+    name: str
+    spec: dict[str, Any]
+    want_backend: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceArgs:
+    request_id: str
+    dispatcher: str
+    backend: str
+    backend_id: int
+    instance: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SubmittedArgs:
+    request_id: str
+    job_id: int
+    start: bool | None
+
+
+# The hot statements, built once: built per batch (and a burst's API writes batches of a few
+# requests), their construction and cache keys cost more than running them.
+_REQUESTS = select_requests().where(requests_t.c.id.in_(bindparam("b_ids", expanding=True)))
+# names compare whatever their case (``lower(name)``, as store/requests/_names.py): these take lowered names
+_HOLDERS = select(requests_t.c.id, requests_t.c.name).where(
+    func.lower(requests_t.c.name).in_(bindparam("b_names", expanding=True)), requests_t.c.status.in_(_OPEN)
+)
+_EXISTING = select(requests_t.c.id).where(requests_t.c.id.in_(bindparam("b_ids", expanding=True)))
+_LIVE_NAMES = select(instances_t.c.name).where(
+    func.lower(instances_t.c.name).in_(bindparam("b_names", expanding=True)),
+    instances_t.c.status != _DESTROYED,
+)
+_NAMED = select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name, instances_t.c.status).where(
+    func.lower(instances_t.c.name).in_(bindparam("b_names", expanding=True))
+)
+
+
+def _requests(conn: Connection, ids: Iterable[str]) -> dict[str, Any]:
+    return {row.id: row for row in conn.execute(_REQUESTS, {"b_ids": list(ids)})}
+
+
+def _holders(conn: Connection, names: set[str]) -> dict[str, set[str]]:
+    """Name, lowered -> the open requests holding it (whatever its case)."""
+    holders: dict[str, set[str]] = defaultdict(set)
+    for row in conn.execute(_HOLDERS, {"b_names": sorted({name.lower() for name in names})}):
+        holders[row.name.lower()].add(row.id)
+    return holders
+
+
+def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
+    """Insert new pending requests (see :func:`._requests.add`): those whose id is new and whose
+    name nobody holds (the rest, repeats and clashes, are left to the one-by-one add)."""
+    names = {item.name for item in items}
+    lowered = sorted({name.lower() for name in names})
+    # no global lock here (PostgreSQL): the ids and names of the batch are locked (see _requests.add)
+    lock_keys(conn, [*(f"request:{i.request_id}" for i in items), *(f"name:{key}" for key in lowered)])
+    existing = {row.id for row in conn.execute(_EXISTING, {"b_ids": [i.request_id for i in items]})}
+    live = {row.name.lower() for row in conn.execute(_LIVE_NAMES, {"b_names": lowered})}
+    holders = _holders(conn, names)
+    renamed = renaming_to(conn, names)  # names a rename in progress takes (lowered)
+    fast: list[tuple[int, AddArgs]] = []
+    taken: set[str] = set()  # (every set here holds names lowered: a name is one whatever its case)
+    for index, item in enumerate(items):
+        key = item.name.lower()
+        held = key in live or key in taken or holders[key] or key in renamed
+        if item.request_id in existing or held:
+            continue
+        taken.add(key)
+        existing.add(item.request_id)
+        fast.append((index, item))
+    outcomes: list[Outcome | None] = [None] * len(items)
+    if not fast:
+        return outcomes
+    now = datetime.now(UTC)
+    conn.execute(
+        insert(requests_t),
+        [
+            {
+                "id": item.request_id,
+                "status": RequestStatus.PENDING.value,
+                "name": item.name,
+                "spec": item.spec,
+                "want_backend": item.want_backend,
+                "attempts": 0,
+                "cancel_requested": False,
+                "instance_uuid": new_instance_id(),
+                "created_at": now,
+                "updated_at": now,
+            }
+            for _, item in fast
+        ],
+    )
+    added = _requests(conn, (item.request_id for _, item in fast))
+    for index, item in fast:
+        outcomes[index] = (True, (Request.from_row(added[item.request_id]), True))
+    return outcomes
+
+
+def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]:
+    """Place the requests of ``items`` on their backends (see :meth:`Requests.place`)."""
+    rows = _requests(conn, (item.request_id for item in items))
+    names = {row.name for row in rows.values()}
+    live: set[str] = set()  # names with an instance row not DESTROYED (any backend)
+    last_destroyed: dict[tuple[int, str], int] = {}  # (backend, name) -> its latest DESTROYED row
+    for found in conn.execute(_NAMED, {"b_names": sorted({name.lower() for name in names})}):
+        if found.status != _DESTROYED:
+            live.add(found.name.lower())  # (lowered, as ``taken`` and ``holders``)
+        else:
+            key = (found.backend_id, found.name)
+            last_destroyed[key] = max(found.id, last_destroyed.get(key, found.id))
+    holders = _holders(conn, names)
+    # the requests whose instance row is written already (an earlier attempt's, kept): one by one
+    written = {
+        row.uuid
+        for row in conn.execute(
+            select(instances_t.c.uuid).where(
+                instances_t.c.uuid.in_([r.instance_uuid for r in rows.values() if r.instance_uuid])
+            )
+        )
+    }
+    fast: list[tuple[int, PlaceArgs, Any]] = []
+    taken: set[str] = set()
+    for index, item in enumerate(items):
+        row = rows.get(item.request_id)
+        if (
+            row is None
+            or row.status != RequestStatus.PENDING.value
+            or row.claimed_by != item.dispatcher
+            or row.cancel_requested
+            or row.backend_id is not None
+            or row.instance_uuid in written
+            or row.name.lower() in live
+            or row.name.lower() in taken
+            or holders[row.name.lower()] - {item.request_id}
+        ):
+            continue  # off the fast path: the one-by-one place says or does what is right
+        taken.add(row.name.lower())
+        fast.append((index, item, row))
+    outcomes: list[Outcome | None] = [None] * len(items)
+    if not fast:
+        return outcomes
+    now = datetime.now(UTC)
+    stale = [
+        last_destroyed[key] for key in ((i.backend_id, r.name) for _, i, r in fast) if key in last_destroyed
+    ]
+    if stale:
+        # jobs of the names' previous lives not applied yet must not move those rows any more
+        conn.execute(
+            delete(instance_jobs_t).where(
+                instance_jobs_t.c.instance_id.in_(stale), instance_jobs_t.c.applied_at.is_(None)
+            )
+        )
+    # the instance's id is the request's own (given when it was written; older rows: a new one)
+    new_ids = {item.request_id: row.instance_uuid or new_instance_id() for _, item, row in fast}
+    by_keys: dict[frozenset[str], list[dict[str, Any]]] = defaultdict(list)
+    for _, item, row in fast:
+        values = {
+            "status": InstanceStatus.BUILD.value,
+            "owned": True,
+            **item.instance,
+            "uuid": new_ids[item.request_id],
+            "create_job_id": None,
+            "state_time": None,
+            "task": task_of(InstanceAction.CREATE.value),  # in progress from now (as one by one)
+            "task_job_id": None,
+            "last_error": None,
+            "updated_at": now,
+            "backend_id": item.backend_id,
+            "name": row.name,
+            "request_id": item.request_id,
+            "created_at": now,
+        }
+        by_keys[frozenset(values)].append(values)
+    for rows_of_keys in by_keys.values():
+        conn.execute(insert(instances_t), rows_of_keys)
+    conn.execute(
+        update(requests_t)
+        .where(requests_t.c.id == bindparam("b_id"))
+        .values(
+            backend_id=bindparam("b_backend"),
+            attempts=requests_t.c.attempts + 1,
+            updated_at=bindparam("b_now"),
+            instance_uuid=bindparam("b_uuid"),
+            waiting_reason=None,
+        ),
+        [
+            {
+                "b_id": item.request_id,
+                "b_backend": item.backend_id,
+                "b_now": now,
+                "b_uuid": new_ids[item.request_id],
+            }
+            for _, item, _ in fast
+        ],
+    )
+    placed = _requests(conn, new_ids)
+    for index, item, _ in fast:
+        outcomes[index] = (True, Request.from_row(placed[item.request_id]))
+    return outcomes
+
+
+def submitted_many(conn: Connection, items: list[SubmittedArgs]) -> list[Outcome | None]:
+    """Record the create jobs of ``items`` (see :meth:`Requests.submitted`)."""
+    rows = _requests(conn, (item.request_id for item in items))
+    names = {row.name for row in rows.values()}
+    live: dict[tuple[int, str], list[Any]] = defaultdict(list)
+    for found in conn.execute(
+        select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name).where(
+            instances_t.c.name.in_(names), instances_t.c.status != _DESTROYED
+        )
+    ):
+        live[(found.backend_id, found.name)].append(found)
+    pairs = [(rows[i.request_id].backend_id, i.job_id) for i in items if i.request_id in rows]
+    pairs = [pair for pair in pairs if pair[0] is not None]
+    recorded: set[tuple[int, int]] = set()
+    ended: set[tuple[int, int]] = set()
+    if pairs:
+        recorded = {
+            (row.backend_id, row.job_id)
+            for row in conn.execute(
+                select(instance_jobs_t.c.backend_id, instance_jobs_t.c.job_id).where(
+                    tuple_(instance_jobs_t.c.backend_id, instance_jobs_t.c.job_id).in_(pairs)
+                )
+            )
+        }
+        ended = {
+            (row.backend_id, row.job_id)
+            for row in conn.execute(
+                select(jobs_t.c.backend_id, jobs_t.c.job_id, jobs_t.c.status).where(
+                    tuple_(jobs_t.c.backend_id, jobs_t.c.job_id).in_(pairs)
+                )
+            )
+            if JobStatus(row.status).is_final
+        }
+    fast: list[tuple[int, SubmittedArgs, Any, int]] = []
+    seen: set[tuple[int, int]] = set()
+    for index, item in enumerate(items):
+        row = rows.get(item.request_id)
+        if (
+            row is None
+            or row.backend_id is None
+            or row.status != RequestStatus.PENDING.value
+            or row.cancel_requested
+        ):
+            continue
+        pair = (row.backend_id, item.job_id)
+        instance_rows = live.get((row.backend_id, row.name), [])
+        if len(instance_rows) != 1 or pair in recorded or pair in ended or pair in seen:
+            continue  # off the fast path: the one-by-one record settles it
+        seen.add(pair)
+        fast.append((index, item, row, instance_rows[0].id))
+    outcomes: list[Outcome | None] = [None] * len(items)
+    if not fast:
+        return outcomes
+    now = datetime.now(UTC)
+    conn.execute(
+        update(requests_t)
+        .where(requests_t.c.id == bindparam("b_id"), requests_t.c.status == RequestStatus.PENDING.value)
+        .values(
+            status=RequestStatus.SUBMITTED.value,
+            job_id=bindparam("b_job"),
+            error=None,
+            submitted_at=bindparam("b_now"),
+            updated_at=bindparam("b_now"),
+            claimed_by=None,
+        ),
+        [{"b_id": item.request_id, "b_job": item.job_id, "b_now": now} for _, item, _, _ in fast],
+    )
+    conn.execute(
+        insert(instance_jobs_t),
+        [
+            {
+                "backend_id": row.backend_id,
+                "job_id": item.job_id,
+                "instance_id": instance_row,
+                "action": InstanceAction.CREATE.value,
+                "start": item.start,
+                "params": None,
+                "recorded_at": now,
+            }
+            for _, item, row, instance_row in fast
+        ],
+    )
+    # the create is in progress until its job's end is applied (store/instances/_outcomes.py)
+    conn.execute(
+        update(instances_t)
+        .where(instances_t.c.id == bindparam("b_row"))
+        .values(
+            task=task_of(InstanceAction.CREATE.value),
+            task_job_id=bindparam("b_job"),
+            create_job_id=bindparam("b_job"),
+            updated_at=bindparam("b_now"),
+        ),
+        [{"b_row": instance_row, "b_job": item.job_id, "b_now": now} for _, item, _, instance_row in fast],
+    )
+    for backend in sorted({row.backend for _, _, row, _ in fast}):
+        notify_job_recorded(conn, backend)  # the dispatcher follows them (backends without a watcher)
+    submitted = _requests(conn, (item.request_id for _, item, _, _ in fast))
+    for index, item, _, _ in fast:
+        outcomes[index] = (True, Request.from_row(submitted[item.request_id]))
+    return outcomes
