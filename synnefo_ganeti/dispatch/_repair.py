@@ -101,6 +101,8 @@ class Repairer:
             for name in list(d._backends):
                 if d.health is not None and not d.health.tracker.is_up(name):
                     continue
+                if d.leases is not None and d.leases.shared and not d.leases.holds(name):
+                    continue  # the holder of its follow lease looks at it (one read of it, not N)
                 try:
                     await self._held_pass(name)
                 except (GanetiError, OSError, TimeoutError) as exc:

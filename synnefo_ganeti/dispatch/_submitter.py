@@ -343,6 +343,11 @@ class Submitter(ReservationSweep):
             return None
         self._jobs[(name, job_id)] = reservation
         self._job_requests[(name, job_id)] = request.id
+        leases = self.leases
+        if entry.watcher is not None and leases is not None and leases.shared and not leases.holds(name):
+            # its watcher reads only its own jobs' files: it may have dropped this one's first
+            # version, written before its id came back
+            entry.watcher.look_at(job_id)
         self._submitted_at[(name, job_id)] = time.monotonic()
         self.allocator.submitted(reservation)
         recorded = await self.store.submitted_request(request.id, job_id, start=spec.start)
@@ -383,7 +388,8 @@ class Submitter(ReservationSweep):
         """Job ends the writer stored: the allocator learns, capacity is accounted, and a node
         a failed job (of any kind) blames is out of placement at once."""
         ended = 0
-        for backend, summary in info.applied:
+        # (ended_before: ends another dispatcher stored first, of jobs this one submitted)
+        for backend, summary in (*info.applied, *info.ended_before):
             if not summary.status.is_final:
                 continue
             if summary.status is JobStatus.ERROR:

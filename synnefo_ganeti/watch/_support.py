@@ -37,6 +37,8 @@ class WatchStats:
     coalesced: int = 0
     bad_files: int = 0
     vanished: int = 0
+    #: files marked while another dispatcher read the folder (not read here)
+    paused: int = 0
 
 
 def check_inotify_limits(proc: Path = Path("/proc/sys/fs/inotify")) -> list[str]:

@@ -32,6 +32,7 @@ import os
 import re
 import stat
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 from asyncinotify import Inotify, Mask, Watch
@@ -87,8 +88,15 @@ class QueueWatcher:
         retry_interval: float = 2.0,
         max_file_bytes: int = MAX_JOB_FILE_BYTES,
         read_batch: int = 512,
+        wants: Callable[[int], bool] | None = None,
     ) -> None:
         self.queue_dir = Path(queue_dir)
+        #: which jobs' files to read now (None: all). Several dispatchers that watch one queue
+        #: folder read all of it one at a time, the holder of the backend's follow lease
+        #: (dispatch/_leases.py); the others read only the jobs they submitted themselves (to
+        #: learn their ends at once) and drop the rest of what inotify marks. :meth:`resume`
+        #: (at a lease gained) scans the folder again, so that nothing written meanwhile is missed
+        self.wants = wants
         self.store = store
         self.backend = backend
         self.retry_interval = retry_interval
@@ -110,6 +118,17 @@ class QueueWatcher:
 
     def __repr__(self) -> str:
         return f"<QueueWatcher {self.backend} {self.queue_dir}>"
+
+    def resume(self) -> None:
+        """Read every job file again (the store keeps only what is newer): after a time when
+        :attr:`active` said no, so that what changed meanwhile is read now."""
+        if self._inotify is not None:
+            self._scan("resumed")
+
+    def look_at(self, job_id: int) -> None:
+        """Read job ``job_id``'s file soon (``wants`` may have dropped what inotify said of it
+        before the caller wanted it: a create's job written before its submitter knew its id)."""
+        self._mark(os.fspath(self.queue_dir / f"job-{job_id}"), False)
 
     def stop(self) -> None:
         """Ask :meth:`run` to read what is pending, hand it to the store, and return."""
@@ -345,6 +364,10 @@ class QueueWatcher:
                 # Only archived paths need it (a scan's, or jobs being archived): asked on every
                 # wake-up, it cost a query per version read at a steady pace.
                 skip_final = await self._known_archived()
+            if self.wants is not None and not self._stopping.is_set():
+                self._drop_unwanted(self.wants)
+                if not self._pending:
+                    continue
             paths = list(itertools.islice(self._pending.items(), self.read_batch))
             for path, _ in paths:
                 del self._pending[path]
@@ -359,6 +382,14 @@ class QueueWatcher:
             await asyncio.sleep(0)
             if not self._pending:
                 skip_final = None  # read it again for the next scan
+
+    def _drop_unwanted(self, wants: Callable[[int], bool]) -> None:
+        """Forget the marked files of jobs another dispatcher reads (see ``wants``)."""
+        for path in list(self._pending):
+            match = JOB_NAME.match(os.path.basename(path))
+            if match is not None and not wants(int(match.group(1))):
+                del self._pending[path]
+                self.stats.paused += 1
 
     async def _known_archived(self) -> set[int]:
         try:

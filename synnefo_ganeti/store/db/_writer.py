@@ -40,8 +40,9 @@ log = logging.getLogger("synnefo_ganeti.store")
 
 T = TypeVar("T")
 
-#: what writing one batch did: (applied (backend, summary), skipped, older, events)
-BatchResult = tuple[list[tuple[str, JobSummary]], int, int, int]
+#: what writing one batch did: (applied (backend, summary), skipped, older, events, ended
+#: before: the final versions it carried of jobs whose end another process had stored already)
+BatchResult = tuple[list[tuple[str, JobSummary]], int, int, int, list[tuple[str, JobSummary]]]
 
 _TRANSIENT = (DBAPIError, OSError, TimeoutError, ConnectionError)
 #: attempts of one call while the database is unavailable (about 5 minutes with the backoff)
@@ -77,6 +78,10 @@ class CommitInfo:
     events: int
     committed_at: float
     oldest_read_at: float
+    #: the final versions this batch carried of jobs whose end was stored already, by another
+    #: process (several dispatchers: the follow lease's holder): skipped, not in ``applied``,
+    #: but a submitter waiting on one of them learns its end here
+    ended_before: tuple[tuple[str, JobSummary], ...] = ()
 
 
 @dataclass(slots=True)
@@ -398,6 +403,7 @@ class Writer:
         skipped: int,
         older: int,
         events: int,
+        ended_before: list[tuple[str, JobSummary]],
     ) -> None:
         stats = self.stats
         stats.versions += len(batch)
@@ -423,6 +429,7 @@ class Writer:
                 events=events,
                 committed_at=committed_at,
                 oldest_read_at=min(version.read_at for version in batch),
+                ended_before=tuple(ended_before),
             )
             for listener in self.on_commit:
                 listener(info)

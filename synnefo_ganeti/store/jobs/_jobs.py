@@ -180,6 +180,7 @@ def apply_versions(
     event_rows: list[dict[str, Any]] = []
     applied: list[tuple[str, JobSummary]] = []
     finals: list[tuple[int, int, JobSummary]] = []
+    ended_before: list[tuple[str, JobSummary]] = []
     skipped = older = 0
     for backend_id, jobs in grouped.items():
         backend = backends.names[backend_id]
@@ -201,6 +202,8 @@ def apply_versions(
                 current = JobSummary.of(version.job)
                 if not current.supersedes(summary):
                     skipped += 1
+                    if summary is not None and current == summary and summary.status.is_final:
+                        ended_before.append((backend, current))
                     if summary is not None and current != summary:
                         older += 1
                         log.debug("job %s/%s: an older version arrived late, ignored", backend, job_id)
@@ -253,7 +256,7 @@ def apply_versions(
     if finals:
         # the instances these jobs were submitted for follow their end
         on_final(conn, finals, now)
-    return applied, skipped, older, len(event_rows)
+    return applied, skipped, older, len(event_rows), ended_before
 
 
 # The writer's statements, built once: built per transaction, their construction and
