@@ -6,6 +6,11 @@ probes every backend at once on an interval, logs each change, calls the
 ``on_change`` listeners (the dispatcher takes a down backend out of placement and
 stores an event) and POSTs the change to an optional webhook. A webhook that fails is
 logged, never raised: health checks must not depend on the receiver.
+
+Several dispatchers probe each backend once: the one that probes stores its verdicts, and
+the others take them (:meth:`HealthMonitor.adopt`; a change so taken is ``shared``, announced
+to the listeners but not posted again) and probe only the backends they must
+(:meth:`HealthMonitor.run_once` with ``names``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,12 +56,13 @@ class HealthState:
 
 @dataclass(frozen=True, slots=True)
 class HealthChange:
-    """A backend went down or came back up."""
+    """A backend went down or came back up (``shared``: another process's probes found it)."""
 
     backend: str
     up: bool
     error: str | None
     at: float = field(default_factory=time.time)
+    shared: bool = False
 
     def to_json(self) -> dict[str, Any]:
         result: dict[str, Any] = to_jsonable(
@@ -160,10 +166,28 @@ class HealthMonitor:
             await self._announce(change)
         return change
 
-    async def run_once(self) -> list[HealthChange]:
-        """Probe every backend at once; the changes."""
-        changes = await asyncio.gather(*(self.probe(name) for name in self.clients))
+    async def run_once(self, names: Iterable[str] | None = None) -> list[HealthChange]:
+        """Probe every backend (or those of ``names``) at once; the changes."""
+        chosen = self.clients if names is None else [name for name in names if name in self.clients]
+        changes = await asyncio.gather(*(self.probe(name) for name in chosen))
         return [change for change in changes if change is not None]
+
+    async def adopt(
+        self, name: str, up: bool, error: str | None = None, *, checked_at: float | None = None
+    ) -> HealthChange | None:
+        """The verdict another process's probes reached on ``name`` (read from the database),
+        taken as is; the change it makes here, announced (``shared``: not posted again)."""
+        state = self.tracker.state(name)
+        state.last_checked = time.time() if checked_at is None else checked_at
+        state.last_error = error
+        state.failures = state.successes = 0
+        if state.up == up:
+            return None
+        state.up = up
+        state.changed_at = time.time()
+        change = HealthChange(name, up, error, state.changed_at, shared=True)
+        await self._announce(change)
+        return change
 
     async def run_forever(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
@@ -174,10 +198,11 @@ class HealthMonitor:
                 await asyncio.wait_for(stop.wait(), max(0.0, self.interval - (time.monotonic() - started)))
 
     async def _announce(self, change: HealthChange) -> None:
+        whose = " (another dispatcher's probes)" if change.shared else ""
         if change.up:
-            log.warning("backend %s is up again", change.backend)
+            log.warning("backend %s is up again%s", change.backend, whose)
         else:
-            log.error("backend %s is down: %s", change.backend, change.error)
+            log.error("backend %s is down%s: %s", change.backend, whose, change.error)
         for listener in self.on_change:
             try:
                 result = listener(change)
@@ -185,7 +210,7 @@ class HealthMonitor:
                     await result
             except Exception:
                 log.exception("a health listener failed on %s", change)
-        if self.webhook:
+        if self.webhook and not change.shared:  # a shared change was posted by its prober
             await self._post(change)
 
     async def _post(self, change: HealthChange) -> None:

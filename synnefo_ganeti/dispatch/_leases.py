@@ -18,9 +18,10 @@ seen free two rounds in a row, whoever should hold it (views of the live set tha
 a moment never leave a backend unfollowed for long). A lease gained makes the caller read the
 backend's unapplied jobs at once (``on_gained``).
 
-What the holder does besides (see ``_wiring`` and ``_node_watch``): it reads the backend's
-nodes every ``health_interval`` and writes their states (``backend_nodes``); the others read
-those states from the database. Each dispatcher still follows the creates it submits itself
+What the holder does besides (see ``_wiring``, ``_node_watch`` and ``_stats``): it reads the
+backend's nodes every ``health_interval`` and writes their states (``backend_nodes``), probes its
+health and stores the verdict, and reads its whole node stats and stores them
+(``backend_stats``); the others take all three from the database while fresh. Each dispatcher still follows the creates it submits itself
 (its ``/wait`` on them is how it learns at once that one ended, for its placement accounting).
 
 SQLite runs one dispatcher per database: it holds every lease, always.

@@ -23,9 +23,8 @@ Several dispatchers on one PostgreSQL database read each backend's nodes once: t
 follow lease (:mod:`._leases`) reads them every ``health_interval`` as above and writes their
 states; each other dispatcher reads those states from ``backend_nodes`` at the same interval
 (:meth:`_stored_nodes`: a node down or offline there is out here too; one up there that is out
-here is read here once, to bring it back). The whole node stats (figures for placement, which
-the database does not hold) are still read by every dispatcher every ``stats_interval``, and so
-are the signs of the jobs each one follows.
+here is read here once, to bring it back). The whole node stats are read by the same holder and
+stored for the others (:mod:`._stats`); the signs of the jobs each one follows are its own.
 
 What the allocator decides is written for the other processes (and ``backends show``) by the
 same root task: each backend's nodes in ``backend_nodes`` (state, since, the first sign) after

@@ -2,8 +2,14 @@
 watcher when its ``queue_dir`` is local, else a :class:`JobTracker`, handed every job any
 process records by :class:`~synnefo_ganeti.dispatch._follow.RecordedJobs` while this
 dispatcher holds the backend's follow lease, :mod:`._leases`), its place in
-the health monitor and its node stats for placement (its nodes down or offline: the mixin
-:class:`~synnefo_ganeti.dispatch._node_watch.NodeWatch`)."""
+the health monitor and its node stats for placement (:mod:`._stats`; its nodes down or offline:
+the mixin :class:`~synnefo_ganeti.dispatch._node_watch.NodeWatch`).
+
+Health, like the nodes and the stats, is checked once per backend on PostgreSQL: the holder of
+its follow lease probes it every ``health_interval`` and stores each verdict
+(``Store.set_backend_health``, every round); the others take the stored verdict while it is
+fresher than :data:`HEALTH_FRESH` x ``health_interval`` (``HealthMonitor.adopt``), else probe it
+themselves (said at debug level)."""
 
 from __future__ import annotations
 
@@ -12,15 +18,17 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 
 from synnefo_ganeti import metrics
 from synnefo_ganeti.allocate import BackendView
 from synnefo_ganeti.config import BackendSettings
-from synnefo_ganeti.control._validate import networks_of
 from synnefo_ganeti.dispatch._base import _Backend, _replace
 from synnefo_ganeti.dispatch._follow import RecordedJobs
 from synnefo_ganeti.dispatch._leases import FollowLeases
-from synnefo_ganeti.dispatch._node_watch import NODES_TASK, NodeWatch
+from synnefo_ganeti.dispatch._node_watch import NODES_TASK
+from synnefo_ganeti.dispatch._stats import StatsReads
 from synnefo_ganeti.dispatch._tracker import JobTracker
 from synnefo_ganeti.errors import GanetiError
 from synnefo_ganeti.health import HealthChange, HealthMonitor
@@ -32,9 +40,11 @@ log = logging.getLogger("synnefo_ganeti.dispatch")
 
 #: the name of the health monitor's root task
 HEALTH_TASK = "dispatch health"
+#: a stored health verdict is taken while younger than this many ``health_interval``
+HEALTH_FRESH = 2.0
 
 
-class BackendWiring(NodeWatch):
+class BackendWiring(StatsReads):
     """Backends added and removed (start, reload, stop), health and node stats."""
 
     # -- backends --------------------------------------------------------------------------------
@@ -47,7 +57,9 @@ class BackendWiring(NodeWatch):
         )
         queue_dir = settings.queue_dir
         if queue_dir is not None and await asyncio.to_thread(os.path.isdir, queue_dir):
-            entry.watcher = QueueWatcher(queue_dir, self.store, name)
+            # several dispatchers watching one folder: the follow lease's holder reads every
+            # file, the others the files of the creates they submitted (their ends, at once)
+            entry.watcher = QueueWatcher(queue_dir, self.store, name, wants=self._watched_jobs(name))
             entry.tasks.append(self.supervisor.start(f"watch {name}", entry.watcher.run()))
         else:
             if queue_dir is not None:
@@ -98,6 +110,15 @@ class BackendWiring(NodeWatch):
     #: the reader handing recorded jobs to the trackers (``dispatch follow jobs``), made on start
     recorded: RecordedJobs | None = None
 
+    def _watched_jobs(self, name: str) -> Callable[[int], bool]:
+        """Which of backend ``name``'s job files this dispatcher's watcher reads (see above)."""
+
+        def wants(job_id: int) -> bool:
+            leases = self.leases
+            return leases is None or not leases.shared or leases.holds(name) or (name, job_id) in self._jobs
+
+        return wants
+
     def _follow_leases(self) -> FollowLeases:
         """The follow leases (PostgreSQL: taken in the root task ``dispatch follow leases``; SQLite:
         every backend's, always); a lease gained has its backend's recorded jobs read at once."""
@@ -105,6 +126,10 @@ class BackendWiring(NodeWatch):
 
         async def gained(names: set[str]) -> None:
             self.read_nodes_soon()  # its nodes read here from now on
+            for name in names:  # its job files read here from now on: what changed meanwhile too
+                entry = self._backends.get(name)
+                if entry is not None and entry.watcher is not None:
+                    entry.watcher.resume()
             if self.recorded is not None:
                 await self.recorded.read_once()
 
@@ -165,14 +190,47 @@ class BackendWiring(NodeWatch):
         written: dict[str, bool] = {}
         while True:
             started = time.monotonic()
-            await monitor.run_once()
+            leases = self.leases
+            shared = leases is not None and leases.shared
+            others = [name for name in monitor.clients if leases is not None and not leases.holds(name)]
+            adopted = await self._stored_health(monitor, others) if others else set()
+            await monitor.run_once([name for name in monitor.clients if name not in adopted])
             for name, state in monitor.tracker.states.items():
-                if written.get(name) != state.up and name in self._backends:
-                    # the first verdict (and any the listener missed) goes to the database too
+                if name in adopted or name not in self._backends:
+                    continue
+                # the first verdict (and any the listener missed) goes to the database too; the
+                # holder's every round, for the others to take (its time says it is fresh)
+                if written.get(name) != state.up or (shared and leases is not None and leases.holds(name)):
                     with contextlib.suppress(GanetiError):
                         await self.store.set_backend_health(name, state.up, detail=state.last_error)
                         written[name] = state.up
             await asyncio.sleep(max(0.0, monitor.interval - (time.monotonic() - started)))
+
+    async def _stored_health(self, monitor: HealthMonitor, names: list[str]) -> set[str]:
+        """Take the stored verdicts on ``names`` (backends another dispatcher probes) that are
+        fresh; the names taken (the others are probed here)."""
+        limit = HEALTH_FRESH * monitor.interval
+        try:
+            states = await self.store.backend_states()
+        except GanetiError as exc:
+            log.debug("stored health not read (%s); probing %s here", exc, ", ".join(names))
+            return set()
+        now = datetime.now(UTC)
+        taken: set[str] = set()
+        for name in names:
+            row = states.get(name) or {}
+            health, at = row.get("health"), row.get("health_at")
+            age = None if not isinstance(at, datetime) else (now - at).total_seconds()
+            if health not in ("up", "down") or not isinstance(at, datetime) or age is None or age >= limit:
+                log.debug(
+                    "backend %s: no fresh stored health (%s); probing it here",
+                    name,
+                    "none" if age is None else f"{age:.1f} s old",
+                )
+                continue
+            await monitor.adopt(name, health == "up", row.get("health_detail"), checked_at=at.timestamp())
+            taken.add(name)
+        return taken
 
     async def _health_changed(self, change: HealthChange) -> None:
         name = change.backend
@@ -180,6 +238,10 @@ class BackendWiring(NodeWatch):
         if name in self._backends:
             view = self.allocator.view(name)
             self.allocator.update(_replace(view, healthy=change.up))
+        if change.shared:  # its prober stored it, with its event
+            if change.up:
+                self._wake.set()
+            return
         message = "health checks pass again" if change.up else f"health checks failed: {change.error}"
         try:
             await self.store.set_backend_health(name, change.up, detail=change.error, event=message)
@@ -207,55 +269,3 @@ class BackendWiring(NodeWatch):
         if self.health is not None and not any(self.health.tracker.is_up(name) for name in self._backends):
             return "every backend is down"
         return None
-
-    # -- node stats ------------------------------------------------------------------------------
-
-    async def _refresh_stats(self, names: list[str]) -> None:
-        # drained by an operator (`backends drain`, the console) is in the database, read with the stats
-        try:
-            by_operator: set[str] | None = await self.store.drained_backends()
-        except GanetiError as exc:
-            log.info("drained backends not read (%s); keeping what was known", exc)
-            by_operator = None
-        await asyncio.gather(
-            *(self._refresh_one(name, by_operator) for name in names if name in self._backends)
-        )
-
-    async def _refresh_one(self, name: str, by_operator: set[str] | None = None) -> None:
-        client = await self.client(name)
-        read_at = time.monotonic()
-        try:
-            # the OS list is asked seldom (a job in Ganeti): Catalogs keeps it CATALOG_INTERVAL s
-            # and the networks: placement goes where a spec's networks are and have addresses
-            nodes, info, oses, networks = await asyncio.gather(
-                client.list_nodes(), client.info(), self.catalogs.oses(name, client), networks_of(client)
-            )
-        except GanetiError as exc:
-            log.info("backend %s: node stats not refreshed (%s)", name, exc)
-            return
-        if name not in self._backends:
-            return
-        # before the update: a node back makes the backend due for stats read after this one
-        changes = self.allocator.nodes_seen(name, nodes, read_at=read_at)
-        view = self.allocator.view(name)
-        settings = self._backends[name].settings
-        self.allocator.update(
-            _replace(
-                view,
-                nodes=nodes,
-                disk_templates=frozenset(info.enabled_disk_templates or ()),
-                drained=settings.drained or (view.drained if by_operator is None else name in by_operator),
-                healthy=self.health.tracker.is_up(name) if self.health is not None else True,
-                stats_at=read_at,
-                catalog=self.catalogs.update(name, info, nodes, oses, networks),
-            )
-        )
-        await self._nodes_read(name, nodes, read_at, changes)
-
-    async def _stats_loop(self) -> None:
-        interval = self.settings.dispatcher.stats_interval
-        while True:
-            await asyncio.sleep(min(1.0, interval))
-            due = self.allocator.due_for_refresh(interval=interval)
-            if due:
-                await self._refresh_stats(due)

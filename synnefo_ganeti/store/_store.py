@@ -318,6 +318,17 @@ class Store(RequestMethods):
         state ("up", "down", "offline"), since, seen_at, detail (why it is not up)."""
         return await self._backends.nodes(name)
 
+    async def set_backend_stats(
+        self, backend: str, stats: dict[str, Any], *, read_at: datetime | None = None
+    ) -> None:
+        """Keep ``stats`` (JSON) as ``backend``'s latest whole node stats, read at ``read_at``
+        (default now): the other dispatchers take them from here (``backend_stats``)."""
+        await self._backends.set_stats(backend, stats, read_at=read_at)
+
+    async def backend_stats(self, backend: str) -> tuple[dict[str, Any], datetime] | None:
+        """``backend``'s latest whole node stats as stored, and when their read began; None: none."""
+        return await self._backends.stats(backend)
+
     # -- instances -----------------------------------------------------------------------------
 
     async def add_instance(

@@ -27,6 +27,7 @@ TABLES = {
     "backends",
     "backend_events",
     "backend_nodes",
+    "backend_stats",
     "instances",
     "instance_jobs",
     "jobs",

@@ -1,5 +1,6 @@
-"""Backends in the database: their ids (cached), drain marks, health, backend events, and their
-nodes as the dispatcher last read them (``backend_nodes``: up, down or offline, since when, why).
+"""Backends in the database: their ids (cached), drain marks, health, backend events, their
+nodes as the dispatcher last read them (``backend_nodes``: up, down or offline, since when, why)
+and their latest whole node stats (``backend_stats``, written by the holder of the follow lease).
 
 :class:`Backends` keeps the name <-> id map every other repository uses; functions
 taking a ``Connection`` run inside a writer transaction.
@@ -19,7 +20,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synnefo_ganeti.store.backends._rows import Backend, BackendEvent, BackendNode
+from synnefo_ganeti.store.backends._rows import Backend, BackendEvent, BackendNode, BackendStats
 from synnefo_ganeti.store.db._engine import Database
 from synnefo_ganeti.store.db._writer import Writer
 
@@ -29,6 +30,7 @@ __all__ = [
     "add_backend_event",
     "backend_events_t",
     "backend_nodes_t",
+    "backend_stats_t",
     "backends_t",
     "set_health",
     "store_nodes",
@@ -37,6 +39,7 @@ __all__ = [
 backends_t = cast(Table, Backend.__table__)
 backend_events_t = cast(Table, BackendEvent.__table__)
 backend_nodes_t = cast(Table, BackendNode.__table__)
+backend_stats_t = cast(Table, BackendStats.__table__)
 
 #: the states of ``backend_nodes.state``
 NODE_ROW_STATES = ("up", "down", "offline")
@@ -193,6 +196,41 @@ class Backends:
                 values = dict(row._mapping)
                 out.setdefault(values.pop("backend"), []).append(values)
             return out
+
+        return await self.db.read(run)
+
+    # -- whole node stats ----------------------------------------------------------------------------
+
+    async def set_stats(self, name: str, stats: dict[str, Any], *, read_at: datetime | None = None) -> None:
+        """Keep ``stats`` as backend ``name``'s latest (read at ``read_at``, default now), the
+        ones before replaced."""
+        backend_id = await self.ensure(name)
+        values = {"backend_id": backend_id, "stats": stats, "read_at": read_at or datetime.now(UTC)}
+        add = pg_insert if self.db.dialect == "postgresql" else sqlite_insert
+
+        def run(conn: Connection) -> None:
+            upsert = add(backend_stats_t).values(values)
+            conn.execute(
+                upsert.on_conflict_do_update(
+                    index_elements=["backend_id"],
+                    set_={"stats": upsert.excluded.stats, "read_at": upsert.excluded.read_at},
+                )
+            )
+
+        await self.writer.call(run)
+
+    async def stats(self, name: str) -> tuple[dict[str, Any], datetime] | None:
+        """Backend ``name``'s latest stats and when their read began; None when none is kept."""
+
+        async def run(conn: AsyncConnection) -> tuple[dict[str, Any], datetime] | None:
+            row = (
+                await conn.execute(
+                    select(backend_stats_t.c.stats, backend_stats_t.c.read_at)
+                    .join(backends_t, backends_t.c.id == backend_stats_t.c.backend_id)
+                    .where(backends_t.c.name == name)
+                )
+            ).first()
+            return None if row is None else (dict(row.stats), row.read_at)
 
         return await self.db.read(run)
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from synnefo_ganeti.store.db._schema import Base, BigId
 
-__all__ = ["Backend", "BackendEvent", "BackendNode"]
+__all__ = ["Backend", "BackendEvent", "BackendNode", "BackendStats"]
 
 
 class Backend(Base):
@@ -71,3 +71,17 @@ class BackendNode(Base):
     seen_at: Mapped[datetime]
     #: the first sign of a down node (no live figures, an RPC failure, a failed create naming it)
     detail: Mapped[str | None] = mapped_column(Text)
+
+
+class BackendStats(Base):
+    """A backend's whole node stats (nodes with their figures, ``/2/info``, the OS list, the
+    networks) as the holder of its follow lease last read them (migration 0016): the other
+    dispatchers take them from here instead of asking Ganeti."""
+
+    __tablename__ = "backend_stats"
+
+    backend_id: Mapped[int] = mapped_column(ForeignKey("backends.id", ondelete="CASCADE"), primary_key=True)
+    #: the dispatcher's ``NodeStats.to_json()`` (``dispatch/_stats.py``)
+    stats: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: when the read began
+    read_at: Mapped[datetime]
