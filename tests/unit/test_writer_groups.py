@@ -1,5 +1,6 @@
 """The writer's group commit: callers' writes queued together share one transaction, each in a
-savepoint of its own, so that one that fails is rolled back alone and the others are kept."""
+savepoint of its own, so that one that fails is rolled back alone and the others are kept; a
+batch alone in its transaction runs without one, and falls back call by call if it fails."""
 
 from __future__ import annotations
 
@@ -92,3 +93,51 @@ async def test_a_group_whose_transaction_fails_is_retried_call_by_call(
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+async def test_a_batch_alone_runs_without_a_savepoint_and_falls_back_call_by_call(db_url: str) -> None:
+    """A transaction holding one batch and nothing else runs its step without a savepoint; a
+    step that fails (here: it writes, then raises) leaves nothing, and every call then runs on
+    its own, each caller getting its own result."""
+    from synnefo_ganeti.store.db._batch import Batched
+
+    async with Store(db_url) as store:
+        backend_id = await store.ensure_backend("b1")
+        steps: list[int] = []
+
+        def add(message: str) -> Any:
+            def run(conn: Connection) -> str:
+                conn.execute(
+                    insert(backend_events_t).values(
+                        backend_id=backend_id, kind="note", message=message, at=_now()
+                    )
+                )
+                return f"alone {message}"
+
+            return run
+
+        def many(conn: Connection, messages: list[str]) -> list[Any]:
+            steps.append(len(messages))
+            add("the step's own write, rolled back with it")(conn)
+            if len(steps) == 1:
+                raise RuntimeError("the first step fails (injected)")
+            for message in messages:
+                add(message)(conn)
+            return [(True, f"batched {message}") for message in messages]
+
+        def call(message: str) -> Any:
+            return store._writer.call(add(message), batch=Batched(many, message))
+
+        outcomes = await asyncio.gather(*(call(f"m{i}") for i in range(6)))
+        assert steps and steps[0] >= 2, steps  # (queued together: one step for all)
+        assert outcomes == [f"alone m{i}" for i in range(6)]  # the first step failed: each alone
+
+        def messages(conn: Connection) -> list[str]:
+            return list(
+                conn.execute(select(backend_events_t.c.message).order_by(backend_events_t.c.id)).scalars()
+            )
+
+        assert await store.call_read(messages) == [f"m{i}" for i in range(6)]
+        outcomes = await asyncio.gather(*(call(f"n{i}") for i in range(6)))
+        batched = [o for o in outcomes if o.startswith("batched")]
+        assert len(steps) >= 2 and batched, (steps, outcomes)  # the next step ran, without a savepoint

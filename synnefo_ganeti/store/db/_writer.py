@@ -28,7 +28,7 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti._backoff import Backoff
 from synnefo_ganeti.errors import ConflictError, StoreError
 from synnefo_ganeti.jobs import JobSummary
-from synnefo_ganeti.store.db._batch import Batched
+from synnefo_ganeti.store.db._batch import Batched, _BatchFailed
 from synnefo_ganeti.store.db._engine import Database, reason
 
 if TYPE_CHECKING:  # the writer queues job-file versions; the jobs concern defines them
@@ -285,7 +285,7 @@ class Writer:
             outcomes = await self.db.run_group(
                 [(call.fn, call.batch) for call in calls], exclusive=calls[0].exclusive
             )
-        except _TRANSIENT:
+        except (*_TRANSIENT, _BatchFailed):
             for call in calls:  # (the retries count and say what went wrong)
                 await self._call_with_retry(call)
             return
