@@ -9,7 +9,9 @@ change ids committed in id order: every writer of the API and of every dispatche
 each other (issue 31). From 0015 (PostgreSQL only; SQLite's writes are serial anyway):
 
 - ``synnefo_ganeti_change()`` (the triggers on ``requests`` and ``instances``) no longer takes
-  that lock.
+  that lock, and NOTIFYs with an empty payload: PostgreSQL delivers the identical notifications
+  of one transaction once, so a transaction that writes ten changes wakes each listener once, not
+  ten times (nothing read the id in the payload: readers read the table).
 - ``changes_in_order`` (BEFORE INSERT on ``changes``, every insert whatever its path: the
   triggers, an incident's row) takes the *feed writers'* advisory lock in shared mode (writers
   never wait for each other: shared locks do not conflict), and only then gives the row its id
@@ -49,6 +51,9 @@ def _change_function(locked: bool) -> str:
         if locked
         else ""
     )
+    # 0015: one NOTIFY a transaction, not one a change: PostgreSQL delivers identical
+    # notifications of one transaction once (the readers never used the id; they read the table)
+    notify = "change_id::text" if locked else "''"
     return f"""
 CREATE OR REPLACE FUNCTION synnefo_ganeti_change() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -65,7 +70,7 @@ BEGIN
                 extract(epoch FROM clock_timestamp()), NEW.node_state)
         RETURNING id INTO change_id;
     END IF;
-    PERFORM pg_notify('{_CHANNEL}', change_id::text);
+    PERFORM pg_notify('{_CHANNEL}', {notify});
     RETURN NULL;
 END
 $$

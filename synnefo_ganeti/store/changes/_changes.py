@@ -11,7 +11,7 @@ can commit any more; so a reader never moves past an id that commits later, and 
 for more than the writers' transactions in progress at its read.
 
 Waiting (:class:`ChangeWaiter`): this process's writer wakes a waiter at once; on
-PostgreSQL, LISTEN on ``synnefo_ganeti_changes`` (the trigger NOTIFYs the new id at commit)
+PostgreSQL, LISTEN on ``synnefo_ganeti_changes`` (the triggers NOTIFY it, once a transaction)
 wakes it for every process's commits, with a 30 s poll as a safety net; on SQLite, other
 processes' commits are seen within ``poll_interval``. A waiter is *armed* before the read
 that found nothing new, so that a commit between that read and the wait still wakes it.
@@ -46,7 +46,7 @@ __all__ = [
     "write_cursor",
 ]
 
-#: the channel the change triggers NOTIFY (PostgreSQL) with the new change's id
+#: the channel the change triggers NOTIFY (PostgreSQL), once a transaction, with an empty payload
 CHANGES_CHANNEL = "synnefo_ganeti_changes"
 
 #: seconds between looks on PostgreSQL when no NOTIFY came (a lost listener connection)

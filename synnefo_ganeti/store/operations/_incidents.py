@@ -12,7 +12,7 @@ Every write of an incident (opened, a repair sent, closed) also writes a row of 
 written by triggers; these are written here, so that migration 0012's trigger function stays as
 it is. On PostgreSQL the row's id comes from migration 0015's trigger on ``changes`` (the feed
 writers' lock first, so that readers keep to the horizon, ``store/changes/_horizon.py``), and
-the transaction NOTIFYs the new change's id, as the triggers do.
+the transaction NOTIFYs the feed's channel (an empty payload), as the triggers do.
 
 Writes go through the store's writer; reads use the store's readers.
 """
@@ -233,7 +233,7 @@ def _feed(conn: Connection, incident_id: int, status: str, action: str | None, d
         )
     ).inserted_primary_key
     if conn.dialect.name == "postgresql" and key is not None:
-        conn.execute(select(func.pg_notify(_CHANNEL, str(key[0]))))
+        conn.execute(select(func.pg_notify(_CHANNEL, "")))  # (one a transaction, as the triggers')
 
 
 def _utc(value: datetime | None) -> datetime | None:
