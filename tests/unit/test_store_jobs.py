@@ -428,3 +428,31 @@ async def test_two_watchers_of_one_queue_store_each_change_once(db_url: str, pac
     assert {j.job_id: j.revision for j in jobs} == {20: 8, 12: 4, 23: 10}
     assert all(j.status is JobStatus.SUCCESS for j in jobs)
     assert len({(e.job_id, e.seq) for e in all_events}) == len(all_events)
+
+
+async def test_a_jobs_ops_are_stored_once_in_its_summary_and_old_rows_still_read(db_url: str) -> None:
+    """A version's ops are written once, in ``summary`` (issue 31: they were also in ``ops``); a
+    row written before that, with ``ops`` filled, reads the same."""
+    from sqlalchemy import select, update
+
+    from synnefo_ganeti.store.jobs._jobs import jobs_t
+
+    async with Store(db_url) as store:
+        await store_all(store, [job(p) for p in LIFE20])
+        stored = await one_job(store)
+        assert await store.call_read(lambda conn: conn.execute(select(jobs_t.c.ops)).scalar_one()) == []
+        legacy = [
+            {
+                "index": op.index,
+                "op_id": op.op_id,
+                "status": op.status.value,
+                "instance": op.instance,
+                "start_time": op.start_time.timestamp() if op.start_time else None,
+                "exec_time": op.exec_time.timestamp() if op.exec_time else None,
+                "end_time": op.end_time.timestamp() if op.end_time else None,
+                "error": op.error,
+            }
+            for op in stored.ops
+        ]
+        await store.call(lambda conn: conn.execute(update(jobs_t).values(ops=legacy)))
+        assert (await one_job(store)).ops == stored.ops

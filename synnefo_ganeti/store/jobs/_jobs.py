@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+import orjson
 from sqlalchemy import Row, Table, and_, bindparam, delete, exists, func, insert, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -300,19 +301,9 @@ def _job_values(summary: JobSummary, *, archived: bool, now: datetime) -> dict[s
     return {
         "status": summary.status.value,
         "instance": summary.instance,
-        "ops": [
-            {
-                "index": op.index,
-                "op_id": op.op_id,
-                "status": op.status.value,
-                "instance": op.instance,
-                "start_time": op.start_time,
-                "exec_time": op.exec_time,
-                "end_time": op.end_time,
-                "error": op.error,
-            }
-            for op in summary.ops
-        ],
+        # the ops live in ``summary`` (they were written twice until issue 31: rows of older
+        # versions still have them here; _stored_job reads either)
+        "ops": [],
         # the dataclass itself: the engine's JSON serializer (orjson) writes it, faster than a dict
         "summary": summary,
         "received_at": from_timestamp(summary.received_time),
@@ -321,6 +312,16 @@ def _job_values(summary: JobSummary, *, archived: bool, now: datetime) -> dict[s
         "archived": archived,
         "updated_at": now,
     }
+
+
+def _stored_ops(row: Row[Any]) -> list[dict[str, Any]]:
+    """The ops of a stored job: from its summary (or, rows written before issue 31, ``ops``)."""
+    if row.ops:
+        return list(row.ops)
+    summary = row.summary
+    if isinstance(summary, str):  # (a driver that hands JSON back as text)
+        summary = orjson.loads(summary)
+    return list((summary or {}).get("ops") or ())
 
 
 def _stored_job(row: Row[Any]) -> StoredJob:
@@ -340,7 +341,7 @@ def _stored_job(row: Row[Any]) -> StoredJob:
                 end_time=from_timestamp(op.get("end_time")),
                 error=op.get("error"),
             )
-            for op in row.ops
+            for op in _stored_ops(row)
         ),
         received_at=row.received_at,
         started_at=row.started_at,
