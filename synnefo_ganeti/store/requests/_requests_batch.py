@@ -15,9 +15,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, select, tuple_, update
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from synnefo_ganeti.jobs import JobStatus
@@ -78,7 +79,18 @@ _REQUESTS = select_requests().where(requests_t.c.id.in_(bindparam("b_ids", expan
 _HOLDERS = select(requests_t.c.id, requests_t.c.name).where(
     func.lower(requests_t.c.name).in_(bindparam("b_names", expanding=True)), requests_t.c.status.in_(_OPEN)
 )
-_EXISTING = select(requests_t.c.id).where(requests_t.c.id.in_(bindparam("b_ids", expanding=True)))
+# the batch's ids already taken and the open requests holding its names, in one read
+_EXISTING_OR_HOLDING = select(requests_t.c.id, requests_t.c.name, requests_t.c.status).where(
+    or_(
+        requests_t.c.id.in_(bindparam("b_ids", expanding=True)),
+        and_(
+            func.lower(requests_t.c.name).in_(bindparam("b_names", expanding=True)),
+            requests_t.c.status.in_(_OPEN),
+        ),
+    )
+)
+# a new request's row as the insert wrote it (its server defaults included): no read after it
+_INSERT_RETURNING = insert(requests_t).returning(*requests_t.c, sort_by_parameter_order=True)
 _LIVE_NAMES = select(instances_t.c.name).where(
     func.lower(instances_t.c.name).in_(bindparam("b_names", expanding=True)),
     instances_t.c.status != _DESTROYED,
@@ -107,9 +119,15 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
     lowered = sorted({name.lower() for name in names})
     # no global lock here (PostgreSQL): the ids and names of the batch are locked (see _requests.add)
     lock_keys(conn, [*(f"request:{i.request_id}" for i in items), *(f"name:{key}" for key in lowered)])
-    existing = {row.id for row in conn.execute(_EXISTING, {"b_ids": [i.request_id for i in items]})}
+    ids, wanted = {i.request_id for i in items}, set(lowered)
+    existing: set[str] = set()
+    holders: dict[str, set[str]] = defaultdict(set)
+    for row in conn.execute(_EXISTING_OR_HOLDING, {"b_ids": sorted(ids), "b_names": lowered}):
+        if row.id in ids:
+            existing.add(row.id)
+        if row.status in _OPEN and row.name.lower() in wanted:
+            holders[row.name.lower()].add(row.id)
     live = {row.name.lower() for row in conn.execute(_LIVE_NAMES, {"b_names": lowered})}
-    holders = _holders(conn, names)
     renamed = renaming_to(conn, names)  # names a rename in progress takes (lowered)
     fast: list[tuple[int, AddArgs]] = []
     taken: set[str] = set()  # (every set here holds names lowered: a name is one whatever its case)
@@ -125,8 +143,8 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
     if not fast:
         return outcomes
     now = datetime.now(UTC)
-    conn.execute(
-        insert(requests_t),
+    inserted = conn.execute(
+        _INSERT_RETURNING,
         [
             {
                 "id": item.request_id,
@@ -143,9 +161,10 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
             for _, item in fast
         ],
     )
-    added = _requests(conn, (item.request_id for _, item in fast))
+    # (a new request is on no backend yet: its row joined with backends would say None)
+    added = {row.id: SimpleNamespace(**row._mapping, backend=None) for row in inserted}
     for index, item in fast:
-        outcomes[index] = (True, (Request.from_row(added[item.request_id]), True))
+        outcomes[index] = (True, (Request.from_row(added[item.request_id]), True))  # type: ignore[arg-type]
     return outcomes
 
 
