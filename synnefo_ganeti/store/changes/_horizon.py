@@ -21,6 +21,7 @@ SQLite needs none of this: its writes are serial (``BEGIN IMMEDIATE``), so ids c
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from typing import Final
@@ -53,19 +54,19 @@ async def horizon(conn: AsyncConnection, *, patience: float = PATIENCE) -> int |
     if not writers:
         return last_id
     deadline = time.monotonic() + patience
-    for attempt in range(1_000_000):
-        await asyncio.sleep(_PAUSES[min(attempt, len(_PAUSES) - 1)])
-        now = set((await conn.execute(_HORIZON)).one().writers or ())
-        if not writers & now:
+    for pause in itertools.chain(_PAUSES, itertools.repeat(_PAUSES[-1])):
+        await asyncio.sleep(pause)
+        running = writers & set((await conn.execute(_HORIZON)).one().writers or ())
+        if not running:
             return last_id
         if time.monotonic() >= deadline:
             log.warning(
                 "change feed: %d writer transaction(s) still running after %.1f s (%s); "
                 "changes after id %d wait for them",
-                len(writers & now),
+                len(running),
                 patience,
-                ", ".join(sorted(writers & now)),
+                ", ".join(sorted(running)),
                 last_id,
             )
             return None
-    return None  # pragma: no cover - (the deadline ends the loop first)
+    raise AssertionError("unreachable")  # (the pauses never run out)

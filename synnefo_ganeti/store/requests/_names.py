@@ -61,6 +61,7 @@ def check_name_free(
     unique_names: UniqueNames,
     exclude_request: str | None = None,
     exclude_instance: str | None = None,
+    locked: bool = False,
 ) -> None:
     """:class:`ConflictError` when ``name`` (for ``backend``, None: any), in any case, is held
     by another instance not DESTROYED or by another request not final, under ``unique_names``.
@@ -69,8 +70,10 @@ def check_name_free(
     instance row that request placed before (its own earlier attempt).
 
     The name is locked first (PostgreSQL) until the transaction ends: every write that takes a
-    name checks it here or in the set-based add, so two cannot both pass for one name."""
-    lock_keys(conn, (f"name:{name_key(name)}",))
+    name checks it here or in the set-based add, so two cannot both pass for one name
+    (``locked``: the caller holds that lock already, taken with others in one statement)."""
+    if not locked:
+        lock_keys(conn, (f"name:{name_key(name)}",))
     _check_instances(conn, name, backend, unique_names, exclude_instance)
     _check_requests(conn, name, backend, unique_names, exclude_request)
     _check_renames(conn, name, backend, unique_names, exclude_instance)

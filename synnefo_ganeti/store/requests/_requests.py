@@ -226,7 +226,7 @@ def add(
             )
         return existing, False
     if unique_names is not None:
-        check_name_free(conn, name, backend=want_backend, unique_names=unique_names)
+        check_name_free(conn, name, backend=want_backend, unique_names=unique_names, locked=True)
     now = datetime.now(UTC)
     conn.execute(
         insert(requests_t).values(
