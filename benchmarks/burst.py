@@ -4,6 +4,10 @@ then two; each request's end read from the change feed in another process.
     python benchmarks/burst.py                                  # 2,000 requests, 1 then 2 dispatchers
     python benchmarks/burst.py --requests 200 --dispatchers 1   # the test's run
 
+The database starts as an established cloud's does (``--history``, default 20,000: past requests
+and instances, ended and DESTROYED, then ``ANALYZE``; ``benchmarks/_history.py``); ``--history 0``
+starts it empty.
+
 One fake Ganeti (plain HTTP, zero latency, in a process of its own) with 20 roomy nodes and
 0.05 s creates; the dispatchers run in processes of their own (a real ``Dispatcher`` each,
 following the fake's queue directory); this process plays the cloud API: 4 tasks write the
@@ -54,12 +58,15 @@ import orjson
 from _children import stop_children
 from _cpu import PostgresCpu, database_name, locate_postmaster, process_cpu_s
 from _databases import database
+from _history import seed as seed_history
 
 NODES = 20
 CREATE_S = 0.05
 MEMORY = 128
 API_TASKS = 4
 DEADLINE_S = 600.0
+#: the past rows an established store holds (benchmarks/_history.py)
+HISTORY = 20_000
 GOALS = {"scale_2_to_1": 1.0, "control_cpu_ratio": 2.0, "p99_submit_ms": 1000.0, "p99_end_to_feed_ms": 250.0}
 QUIET = False
 
@@ -152,6 +159,9 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
             settings = settings_of(world, db_url)
             store = await stack.enter_async_context(Store(db_url))  # creates the schema first
             cp = await stack.enter_async_context(ControlPlane(settings, store=store))
+            if args.history:
+                await seed_history(store, "burst", args.history)
+                progress(f"the database holds {args.history} past requests and instances, analyzed")
             for number in range(dispatchers):
                 process = await child("--dispatcher-child", orjson.dumps(world).decode(), db_url)
                 processes.append(process)
@@ -237,6 +247,7 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
         "duplicates": duplicates,
         "lost": lost,
         "db": args.db,
+        "history": args.history,
         **cpu_fields(cpu_s, args.requests, no_postgres, in_process=db_url.startswith("sqlite")),
     }
 
@@ -355,6 +366,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--db", default="postgresql", help="postgresql (a scratch database), sqlite, or a URL"
     )
+    parser.add_argument(
+        "--history", type=int, default=HISTORY,
+        help="past requests and instances in the database before the burst, analyzed (0: an empty one)",
+    )  # fmt: skip
     parser.add_argument("--fake-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dispatcher-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -15,8 +15,17 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = [
+    "AMQP_FAILURES",
+    "AMQP_LAG",
+    "AMQP_PUBLISHED",
     "BACKEND_UP",
     "DRIFT_FOUND",
+    "EVENTD_DEFERRED",
+    "EVENTD_FAILURES",
+    "EVENTD_LAST_PUBLISH",
+    "EVENTD_MASTER",
+    "EVENTD_PENDING",
+    "EVENTD_PUBLISHED",
     "JOBS_TRACKED",
     "RAPI_LATENCY",
     "RAPI_LATENCY_BUCKETS",
@@ -146,6 +155,59 @@ JOBS_TRACKED = Gauge(
     "synnefo_ganeti_jobs_tracked",
     "Ganeti jobs being followed until they end",
     ["backend"],
+    registry=REGISTRY,
+)
+
+AMQP_PUBLISHED = Counter(
+    "synnefo_ganeti_amqp_published",
+    "Changes of the feed confirmed by the AMQP broker (a change published again after a failure "
+    "counts again)",
+    registry=REGISTRY,
+)
+AMQP_FAILURES = Counter(
+    "synnefo_ganeti_amqp_failures",
+    "Failed connects to the AMQP broker and batches of changes it did not confirm (each retried)",
+    registry=REGISTRY,
+)
+AMQP_LAG = Gauge(
+    "synnefo_ganeti_amqp_lag",
+    "Changes of the feed not yet confirmed by the AMQP broker (the last change id minus the "
+    "publisher's cursor, as of its last batch or failure)",
+    registry=REGISTRY,
+)
+
+# -- watch --eventd-compat (synnefo_ganeti.dispatch._eventd_publish) --------------------------------
+
+EVENTD_PUBLISHED = Counter(
+    "synnefo_ganeti_eventd_published",
+    "Synnefo eventd messages confirmed by the AMQP broker (one published again after a failure counts again)",
+    registry=REGISTRY,
+)
+EVENTD_FAILURES = Counter(
+    "synnefo_ganeti_eventd_failures",
+    "Failed connects to the AMQP broker and eventd batches it did not confirm (each retried)",
+    registry=REGISTRY,
+)
+EVENTD_PENDING = Gauge(
+    "synnefo_ganeti_eventd_pending",
+    "Job-file versions read but not yet turned into eventd messages, plus messages not yet "
+    "confirmed (held in memory, at most [synnefo] max_pending)",
+    registry=REGISTRY,
+)
+EVENTD_DEFERRED = Counter(
+    "synnefo_ganeti_eventd_deferred",
+    "Job-file versions not taken in while the eventd backlog was at max_pending (read again by "
+    "the rescan once it drained)",
+    registry=REGISTRY,
+)
+EVENTD_LAST_PUBLISH = Gauge(
+    "synnefo_ganeti_eventd_last_publish_timestamp_seconds",
+    "When the broker last confirmed eventd messages (Unix time; 0: not yet)",
+    registry=REGISTRY,
+)
+EVENTD_MASTER = Gauge(
+    "synnefo_ganeti_eventd_master",
+    "Whether this node is the cluster's master, so publishes eventd messages (1) or not (0)",
     registry=REGISTRY,
 )
 

@@ -25,7 +25,15 @@ from dataclasses import dataclass
 from synnefo_ganeti.allocate._views import BackendView, Requirement, Reservation
 from synnefo_ganeti.rapi import InstanceSpec, Node
 
-__all__ = ["MIRRORED_TEMPLATES", "NodeLoad", "choose_nodes", "chooses_nodes", "node_loads", "placed_spec"]
+__all__ = [
+    "MIRRORED_TEMPLATES",
+    "NodeLoad",
+    "NodeLoads",
+    "choose_nodes",
+    "chooses_nodes",
+    "node_loads",
+    "placed_spec",
+]
 
 #: templates whose disks Ganeti mirrors to a second node (``constants.DTS_INT_MIRROR``)
 MIRRORED_TEMPLATES = frozenset({"drbd"})
@@ -54,6 +62,47 @@ def node_loads(reservations: Iterable[Reservation], in_flight: Collection[int]) 
             if reservation.id in in_flight:
                 load.creates += 1
     return loads
+
+
+class NodeLoads:
+    """:func:`node_loads` of a backend kept as its reservations come and go: every placement reads
+    it, and summing every reservation each time made a burst's placements quadratic (thousands
+    of reservations stay until the node stats show them). The allocator calls :meth:`add` and
+    :meth:`remove` with each reservation it keeps or drops, :meth:`landed` when one's create is
+    in flight no more; ``of_nodes()`` is then what :func:`node_loads` would sum."""
+
+    __slots__ = ("_by_node",)
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, NodeLoad] = {}
+
+    def add(self, reservation: Reservation, *, in_flight: bool) -> None:
+        self._apply(reservation, 1, creates=in_flight)
+
+    def remove(self, reservation: Reservation, *, in_flight: bool) -> None:
+        self._apply(reservation, -1, creates=in_flight)
+
+    def landed(self, reservation: Reservation) -> None:
+        for name in reservation.nodes:
+            self._by_node[name].creates -= 1
+
+    def of_nodes(self) -> dict[str, NodeLoad]:
+        """A copy: node -> its load (nodes of no reservation left out, as :func:`node_loads`)."""
+        return {
+            name: NodeLoad(load.memory, load.disk, load.creates)
+            for name, load in self._by_node.items()
+            if load.memory or load.disk or load.creates
+        }
+
+    def _apply(self, reservation: Reservation, sign: int, *, creates: bool) -> None:
+        req = reservation.requirement
+        for index, name in enumerate(reservation.nodes):
+            load = self._by_node.setdefault(name, NodeLoad())
+            if index == 0:
+                load.memory += sign * req.memory
+            load.disk += sign * req.disk_per_node
+            if creates:
+                load.creates += sign
 
 
 def _room(node: Node, load: NodeLoad) -> tuple[int, int]:

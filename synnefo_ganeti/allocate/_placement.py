@@ -51,7 +51,7 @@ from synnefo_ganeti.allocate._liveness import (
     NodeStateName,
     usability_changes,
 )
-from synnefo_ganeti.allocate._nodes import NodeLoad, choose_nodes, node_loads
+from synnefo_ganeti.allocate._nodes import NodeLoad, NodeLoads, choose_nodes
 from synnefo_ganeti.allocate._views import BackendView, Pending, Requirement, Reservation
 from synnefo_ganeti.errors import NoCapacityError
 from synnefo_ganeti.rapi import InstanceSpec, Node
@@ -80,6 +80,8 @@ class _Backend:
     #: its nodes down or offline (out of placement and of its capacity)
     liveness: NodeLiveness
     reservations: dict[int, Reservation] = field(default_factory=dict)
+    #: what ``reservations`` put on each node (kept with them: every change goes through it)
+    loads: NodeLoads = field(default_factory=NodeLoads)
     # id -> monotonic time the job was accounted; dropped by the first update read after it.
     accounted: dict[int, float] = field(default_factory=dict)
     # id -> creates ahead of it (in flight when placed; in Ganeti when submitted), until its job ends.
@@ -150,7 +152,9 @@ class Allocator:
         for rid, at in list(backend.accounted.items()):
             if view.stats_at is None or view.stats_at >= at:
                 del backend.accounted[rid]
-                backend.reservations.pop(rid, None)
+                dropped = backend.reservations.pop(rid, None)
+                if dropped is not None:
+                    backend.loads.remove(dropped, in_flight=rid in backend.queue)
         for node, at in list(backend.full.items()):
             if view.stats_at is not None and view.stats_at >= at:
                 del backend.full[node]
@@ -174,8 +178,7 @@ class Allocator:
     def node_loads(self, name: str) -> dict[str, NodeLoad]:
         """Per node of ``name``: what is reserved there and not in its stats, and the creates
         in flight that take its lock (placements made with ``nodes=True``)."""
-        backend = self._backends[name]
-        return node_loads(backend.reservations.values(), backend.queue)
+        return self._backends[name].loads.of_nodes()
 
     def full_nodes(self, name: str) -> set[str]:
         """Nodes of ``name`` out of node choice until its next node stats (:meth:`node_full`)."""
@@ -360,6 +363,7 @@ class Allocator:
         )
         backend.reservations[reservation.id] = reservation
         backend.queue[reservation.id] = len(backend.queue)
+        backend.loads.add(reservation, in_flight=True)
         backend.last_chosen = next(self._placements)
         return reservation
 
@@ -431,15 +435,19 @@ class Allocator:
         if backend is None:
             return False
         backend.accounted.pop(reservation.id, None)
-        backend.queue.pop(reservation.id, None)
+        in_flight = backend.queue.pop(reservation.id, None) is not None
         backend.sent.discard(reservation.id)
-        return backend.reservations.pop(reservation.id, None) is not None
+        kept = backend.reservations.pop(reservation.id, None)
+        if kept is not None:
+            backend.loads.remove(kept, in_flight=in_flight)
+        return kept is not None
 
     def accounted(self, reservation: Reservation, *, now: float | None = None) -> None:
         """The job ran: drop the reservation at the first :meth:`update` read after ``now``."""
         backend = self._backends.get(reservation.name)
         if backend is not None and reservation.id in backend.reservations:
-            backend.queue.pop(reservation.id, None)
+            if backend.queue.pop(reservation.id, None) is not None:
+                backend.loads.landed(backend.reservations[reservation.id])
             backend.sent.discard(reservation.id)
             backend.accounted[reservation.id] = time.monotonic() if now is None else now
 

@@ -4,6 +4,10 @@ The watcher and the systemd pings run as root tasks of a
 :class:`~synnefo_ganeti.daemon.Supervisor`: if one of them fails, its traceback is
 logged, ``/readyz`` answers 503, the other is stopped, what was read is stored, and the
 command exits 1.
+
+With ``--eventd-compat --amqp URL`` (or a ``--config`` file whose ``[synnefo]`` says
+``eventd_compat = true``) it needs no database: it publishes Synnefo snf-ganeti-eventd's
+messages instead (:mod:`synnefo_ganeti.cli._eventd`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 import click
 
+from synnefo_ganeti.cli._eventd import EventdOptions, eventd_config, eventd_options, run_eventd
 from synnefo_ganeti.cli._main import main
 from synnefo_ganeti.cli._options import database_options, database_url
 from synnefo_ganeti.cli._output import error, run, stderr
@@ -51,7 +56,7 @@ class _Outcome:
     help="Ganeti's job-queue directory on this (master) node.",
 )
 @database_options
-@click.option("--backend", required=True, help="Name of this Ganeti cluster in the database.")
+@click.option("--backend", help="Name of this Ganeti cluster in the database (not with --eventd-compat).")
 @click.option(
     "--retry-interval",
     type=click.FloatRange(min=0.1),
@@ -65,14 +70,17 @@ class _Outcome:
     help="Serve /metrics, /healthz and /readyz on this port (0: any free one).",
 )
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
+@eventd_options
 def watch(
     queue_dir: Path,
     config_file: Path | None,
     db_url: str | None,
-    backend: str,
+    backend: str | None,
     retry_interval: float,
     metrics_port: int | None,
     metrics_host: str,
+    eventd_compat: bool | None,
+    **eventd: Any,
 ) -> None:
     """Store every job-file change of Ganeti's queue as job events, until SIGINT/SIGTERM.
 
@@ -81,7 +89,25 @@ def watch(
     Under systemd (Type=notify) it sends READY=1 once the first scan is queued,
     WATCHDOG=1 when asked for, and STOPPING=1 on the way out. If the watcher fails,
     the traceback is logged, what was read is stored, and it exits 1.
+
+    With --eventd-compat --amqp URL: no database; Synnefo snf-ganeti-eventd's messages
+    are published to the --exchange while this node is the master (docs/eventd.md). The
+    --config file's [synnefo] section gives the same settings (the flags win over it);
+    with [synnefo] eventd_compat = true, --eventd-compat is not needed.
     """
+    options = EventdOptions(**eventd)
+    section = eventd_config(eventd_compat, backend, config_file)
+    if section is not None:
+        if backend is not None:
+            raise click.UsageError("--eventd-compat stores nothing: drop --backend")
+        run_eventd(
+            queue_dir, options, section, retry_interval, metrics_port=metrics_port, metrics_host=metrics_host
+        )
+        return
+    if options.given:
+        raise click.UsageError(f"{', '.join(options.given)}: only with --eventd-compat")
+    if backend is None:
+        raise click.UsageError("Missing option '--backend' (or give --eventd-compat --amqp URL)")
     if not backend.strip():
         raise click.BadParameter("must not be empty", param_hint="--backend")
     url = database_url(config_file, db_url)

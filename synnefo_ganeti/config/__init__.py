@@ -45,13 +45,19 @@ environment, ``__`` separates the levels: ``SYNNEFO_GANETI__DATABASE__URL``,
     allow = ["start", "failover"]       # of "start", "migrate", "failover" (a backend's repair_allow wins)
     fence_command = "/usr/local/sbin/fence {node}"   # makes a down node safe (powers it off)
 
-    [notify]                            # the change-feed webhook (docs/changes.md); optional
+    [notify]                            # the change-feed webhook and AMQP (docs/changes.md); optional
     url = "https://api.example.org/hooks/synnefo-ganeti"
     secret_file = "webhook.secret"      # mode 0600: the HMAC-SHA256 key of the signature header
+    amqp_url_file = "amqp.url"          # mode 0600: "amqps://user:password@broker/vhost" (or amqp_url)
+    amqp_exchange = "synnefo_ganeti.changes"   # durable topic exchange; keys "changes.<kind>"
 
     [web]                               # the operator console (docs/console.md); optional
     enabled = true                      # also on the dispatcher's status server
     users_file = "console.users"        # "name:role:$argon2id$..." per line
+
+    [synnefo]                           # watch --eventd-compat, Synnefo's eventd (docs/eventd.md)
+    eventd_compat = true                # `watch --config FILE` runs it without the flag
+    amqp_url_file = "eventd-amqp.url"   # mode 0600; exchange = "ganeti", rapi_url = ..., ...
 
 Every problem raises :class:`~synnefo_ganeti.errors.ConfigError`, one line per bad key:
 ``config file /etc/synnefo-ganeti.toml: backends.1.url: must start with https://...``.
@@ -60,7 +66,8 @@ URL's password.
 
 The package's modules: ``_sections`` (the section models), ``_settings`` (``Settings``),
 ``_loading`` (the file, the environment, what a reload changes), ``_errors`` (validation
-errors in words), ``_secrets`` (password files), ``_notify`` (``[notify]``) and ``_web`` (``[web]``).
+errors in words), ``_secrets`` (password files), ``_notify`` (``[notify]``), ``_web`` (``[web]``)
+and ``_synnefo`` (``[synnefo]``).
 """
 
 from __future__ import annotations
@@ -86,6 +93,7 @@ from synnefo_ganeti.config._sections import (
     Strategy,
 )
 from synnefo_ganeti.config._settings import Settings
+from synnefo_ganeti.config._synnefo import SynnefoSettings
 from synnefo_ganeti.config._web import WebSettings
 
 __all__ = [
@@ -105,6 +113,7 @@ __all__ = [
     "RepairSettings",
     "Settings",
     "Strategy",
+    "SynnefoSettings",
     "WebSettings",
     "diff_backends",
     "read_password_file",

@@ -2,7 +2,8 @@
 
 ``Settings()`` reads the file that ``SYNNEFO_GANETI_CONFIG`` names; ``Settings.from_file``
 the one it is given (it wins). Relative paths written in the file (``[[backends]]``'
-``password_file``, ``ca_file``, ``queue_dir``, ``[notify] secret_file``, ``[web]``'s files, and
+``password_file``, ``ca_file``, ``queue_dir``, ``[notify] secret_file`` and ``amqp_url_file``,
+``[web]``'s files, and
 the file of a SQLite ``[database] url``) are taken from the file's folder; paths given by the
 environment or on the command line are taken from the working directory, as a shell user expects. :func:`diff_backends` tells what a new configuration changes in the
 backends (what a SIGHUP reload applies).
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from synnefo_ganeti.config._synnefo import SYNNEFO_PATH_KEYS
 from synnefo_ganeti.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -73,15 +75,23 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def _resolve_relative_paths(data: dict[str, Any], folder: Path) -> None:
-    """Make the backends' (and [notify]'s, [web]'s, [database]'s) relative paths relative to the config
-    file's folder (in place)."""
+    """Make the backends' (and [notify]'s, [synnefo]'s, [web]'s, [database]'s) relative paths
+    relative to the config file's folder (in place)."""
     database = data.get("database")
     if isinstance(database, dict) and isinstance(database.get("url"), str):
         database["url"] = sqlite_url_from(database["url"], folder)
     notify = data.get("notify")
-    if isinstance(notify, dict) and isinstance(notify.get("secret_file"), str) and notify["secret_file"]:
-        path = Path(notify["secret_file"]).expanduser()
-        notify["secret_file"] = str(path if path.is_absolute() else folder / path)
+    if isinstance(notify, dict):
+        for key in ("secret_file", "amqp_url_file"):
+            if isinstance(notify.get(key), str) and notify[key]:
+                path = Path(notify[key]).expanduser()
+                notify[key] = str(path if path.is_absolute() else folder / path)
+    synnefo = data.get("synnefo")
+    if isinstance(synnefo, dict):
+        for key in SYNNEFO_PATH_KEYS:
+            if isinstance(synnefo.get(key), str) and synnefo[key]:
+                path = Path(synnefo[key]).expanduser()
+                synnefo[key] = str(path if path.is_absolute() else folder / path)
     web = data.get("web")
     if isinstance(web, dict):
         for key in ("users_file", "tokens_file"):

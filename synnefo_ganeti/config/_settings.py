@@ -37,6 +37,7 @@ from synnefo_ganeti.config._sections import (
     OwnershipSettings,
     ReconcileSettings,
 )
+from synnefo_ganeti.config._synnefo import SynnefoSettings
 from synnefo_ganeti.config._web import WebSettings
 from synnefo_ganeti.errors import ConfigError
 
@@ -45,7 +46,7 @@ __all__ = ["Settings"]
 
 class Settings(BaseSettings):
     """All the settings: ``[database]``, ``[[backends]]``, ``[ownership]``, ``[reconcile]``, ``[dispatcher]``,
-    ``[notify]``, ``[web]``, ``[repair]``.
+    ``[notify]``, ``[web]``, ``[repair]``, ``[synnefo]``.
 
     ``Settings()`` reads the file named by ``SYNNEFO_GANETI_CONFIG`` (if set);
     :meth:`from_file` reads a given one. ``SYNNEFO_GANETI__...`` environment variables
@@ -69,6 +70,7 @@ class Settings(BaseSettings):
     notify: NotifySettings = Field(default_factory=NotifySettings)
     web: WebSettings = Field(default_factory=WebSettings)
     repair: RepairSettings = Field(default_factory=RepairSettings)
+    synnefo: SynnefoSettings = Field(default_factory=SynnefoSettings)
 
     _source: Path | None = PrivateAttr(default=None)
 

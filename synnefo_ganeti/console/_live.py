@@ -16,7 +16,10 @@ poll and never read on their own: each open page holds one server-sent-events st
 So a burst of 200 changes costs one read per thing changed per 0.3 s, whatever the
 number of viewers, and an idle page costs nothing but the stream's keep-alive pings.
 A viewer too slow to take its fragments (a full queue, 256) gets a ``reload`` event
-instead of a growing queue. The readers are root tasks of the console's app: started
+instead of a growing queue. A page is rendered before its stream opens, so what changed in
+between would be missed: a new viewer's subscription marks again what its page shows (the
+thing of a detail page, the overview) and what changed in the last ``recent`` seconds (the
+rows of a list), and the next render brings the page up to date. The readers are root tasks of the console's app: started
 on startup, cancelled on cleanup.
 """
 
@@ -25,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -53,6 +58,9 @@ class Fragment:
     def to_json(self) -> dict[str, str | None]:
         return {"target": self.target, "html": self.html, "into": self.into}
 
+
+#: the kind of thing whose rows each list topic shows
+_LISTS = {"request": "requests", "instance": "instances", "job": "jobs"}
 
 #: put in every stream when the console stops: the stream ends
 CLOSED = Fragment("", "", "")
@@ -91,10 +99,21 @@ class Subscriber:
 class Hub:
     """``hub.start()``; ``async with hub.subscribe(topics) as sub``; ``await hub.stop()``."""
 
-    def __init__(self, store: Callable[[], Store], render: Renderer, *, interval: float = 0.3) -> None:
+    def __init__(
+        self,
+        store: Callable[[], Store],
+        render: Renderer,
+        *,
+        interval: float = 0.3,
+        recent: float = 5.0,
+    ) -> None:
         self._store = store
         self._render = render
         self.interval = interval
+        self.recent = recent
+        # what was marked lately, (monotonic time, dirty), oldest first: a new viewer's page may
+        # have been rendered before these changes and its stream opened after them
+        self._marked: deque[tuple[float, Dirty]] = deque(maxlen=1024)
         self._subscribers: set[Subscriber] = set()
         self._dirty: set[Dirty] = set()
         self._wake = asyncio.Event()
@@ -140,12 +159,32 @@ class Hub:
         """Something changed (the readers, or an action of this console): render it soon."""
         self._dirty.update(dirty)
         self._dirty.add(("overview", ""))
+        now = time.monotonic()
+        self._marked.extend((now, d) for d in dirty)
+        self._wake.set()
+
+    def _catch_up(self, sub: Subscriber) -> None:
+        """Mark again what ``sub``'s page shows and what changed just before it subscribed."""
+        since = time.monotonic() - self.recent
+        while self._marked and self._marked[0][0] < since:
+            self._marked.popleft()
+        lists = {kind for kind, topic in _LISTS.items() if topic in sub.topics}
+        again: set[Dirty] = {d for _, d in self._marked if d[0] in lists}
+        for topic in sub.topics:
+            kind, _, key = topic.partition(":")
+            if key and kind in ("request", "instance", "job"):
+                again.add((kind, key))
+            elif topic == "drift":
+                again.add(("drift", ""))
+        self._dirty.update(again)
+        self._dirty.add(("overview", ""))
         self._wake.set()
 
     @contextlib.asynccontextmanager
     async def subscribe(self, topics: Iterable[str]) -> AsyncIterator[Subscriber]:
         sub = Subscriber(topics)
         self._subscribers.add(sub)
+        self._catch_up(sub)
         try:
             yield sub
         finally:

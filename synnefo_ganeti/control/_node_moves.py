@@ -183,8 +183,9 @@ class NodeMoves:
         priority: int | None = None,
     ) -> NodeMoveReport:
         instances, nodes = await client.list_instances(), await client.list_nodes()
-        rows = await self.store.list_instances(backend=backend)
-        ours = {r.name for r in rows if r.owned and r.status is not InstanceStatus.DESTROYED}
+        live = [s for s in InstanceStatus if s is not InstanceStatus.DESTROYED]
+        rows = await self.store.list_instances(backend=backend, status=live)
+        ours = {r.name for r in rows if r.owned}
         plan = plan_moves(node, instances, nodes, ours=ours, iallocator=iallocator, failover=failover)
         total = len(plan)
         if progress is not None:

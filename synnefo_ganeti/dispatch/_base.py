@@ -26,6 +26,7 @@ from synnefo_ganeti.allocate import Allocator, BackendView, Reservation
 from synnefo_ganeti.config import BackendSettings, Settings
 from synnefo_ganeti.control._validate import Catalogs
 from synnefo_ganeti.daemon import StatusServer, Supervisor, SystemdNotifier
+from synnefo_ganeti.dispatch._amqp import AmqpPublisher
 from synnefo_ganeti.dispatch._leases import FollowLeases
 from synnefo_ganeti.dispatch._liveness import DispatcherLock, new_dispatcher_id
 from synnefo_ganeti.dispatch._tracker import JobTracker
@@ -101,6 +102,8 @@ class DispatcherBase(BackendResources):
         self.status: StatusServer | None = None
         #: the change-feed webhook's deliverer while it runs ([notify] url set)
         self.webhook: WebhookDeliverer | None = None
+        #: the change feed's AMQP publisher while it runs ([notify] amqp_url set)
+        self.amqp: AmqpPublisher | None = None
         self.notifier = notifier or SystemdNotifier()
         #: called with the status server's application before it starts (the console's routes)
         self.status_setup: list[Callable[[web.Application], None]] = []

@@ -13,7 +13,8 @@ placement, a backend event in the database, a log line, the webhook), the
 **reconciler** every ``[reconcile] interval`` (each backend by one dispatcher at a time),
 the **observer** (Ganeti's values of an instance stored after its create or modify ends,
 :mod:`._observe`),
-the change-feed **webhook** when ``[notify] url`` is set (``_webhook``), and the **submitter**, which claims pending requests and, for each:
+the change-feed **webhook** when ``[notify] url`` is set (``_webhook``), its **AMQP publisher**
+when ``[notify] amqp_url`` is (``_amqp``), and the **submitter**, which claims pending requests and, for each:
 
 1. places it with the :class:`~synnefo_ganeti.allocate.Allocator` (or on the backend the
    request names); no room anywhere: it waits and tries again, until
@@ -61,6 +62,7 @@ from synnefo_ganeti._where import where
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.control._deletes import FOLLOW_EVERY, follow_deletes
 from synnefo_ganeti.daemon import StatusServer
+from synnefo_ganeti.dispatch._amqp import AmqpPublisher
 from synnefo_ganeti.dispatch._base import DispatcherStats, _replace
 from synnefo_ganeti.dispatch._follow import FOLLOW_TASK
 from synnefo_ganeti.dispatch._leases import LEASES_TASK
@@ -84,7 +86,8 @@ DAEMON_FIXES = frozenset(Fix)
 
 #: the names of the dispatcher's own root tasks (besides ``dispatch health`` and each backend's
 #: ``watch NAME`` or ``track NAME``); the liveness lock runs on PostgreSQL only, the watchdog
-#: under a systemd that asks for it, the webhook when ``[notify] url`` is set
+#: under a systemd that asks for it, the webhook when ``[notify] url`` is set, the AMQP publisher
+#: when ``[notify] amqp_url`` (or ``amqp_url_file``) is
 ROOT_TASKS = (
     "dispatch submitter",
     "dispatch node stats",
@@ -98,6 +101,7 @@ ROOT_TASKS = (
     "dispatch liveness lock",
     "dispatch watchdog",
     "dispatch webhook",
+    "dispatch amqp",
 )
 
 
@@ -200,6 +204,9 @@ class Dispatcher(Submitter):
         if self.settings.notify.enabled:  # [notify] url: every change POSTed (see _webhook)
             self.webhook = WebhookDeliverer(self.store, self.settings.notify, lock=self._lock)
             supervisor.start("dispatch webhook", self.webhook.run())
+        if self.settings.notify.amqp_enabled:  # [notify] amqp_url: every change published (_amqp)
+            self.amqp = AmqpPublisher(self.store, self.settings.notify, lock=self._lock)
+            supervisor.start("dispatch amqp", self.amqp.run())
         if self._freeze_gc:
             # Everything built so far (settings, clients, tables, models) lives as long as the
             # process: out of the collector's generations, each collection walks far fewer

@@ -7,7 +7,8 @@ lock goes when the process (or its connection) does, so ``pg_try_advisory_lock``
 another's key succeeds exactly when that one is gone. The same connection takes a
 per-backend lock around each reconcile pass, so that several dispatchers reconcile a
 backend one at a time, the ``webhook`` lock around each batch the change-feed webhook
-delivers, so that one dispatcher at a time POSTs the feed, and the ``follow:BACKEND`` leases
+delivers (and ``amqp`` around each batch the AMQP publisher publishes), so that one
+dispatcher at a time POSTs (publishes) the feed, and the ``follow:BACKEND`` leases
 (held for as long as the dispatcher follows that backend's recorded jobs: ``_leases``).
 
 SQLite takes one dispatcher per database (its writes serialise anyway): an exclusive
@@ -156,18 +157,20 @@ class DispatcherLock:
         if self.store.dialect == "postgresql":
             await self._unlock(f"reconcile:{backend}")
 
-    async def try_deliver(self) -> bool:
-        """Take the right to deliver the change-feed webhook now (False: another dispatcher does)."""
+    async def try_deliver(self, name: str = "webhook") -> bool:
+        """Take the right to deliver the change feed to consumer ``name`` now (False: another
+        dispatcher does): ``"webhook"`` (the default) or ``"amqp"``, one lock each, so that the two
+        deliver side by side and neither waits for the other's receiver."""
         if self.store.dialect != "postgresql":
             return True
-        return await self._try("webhook")
+        return await self._try(name)
 
-    async def done_delivering(self) -> None:
+    async def done_delivering(self, name: str = "webhook") -> None:
         if self.store.dialect == "postgresql":
             try:
-                await self._unlock("webhook")
+                await self._unlock(name)
             except Exception as exc:  # a lost connection took the lock with it
-                log.debug("releasing the webhook lock: %s", exc)
+                log.debug("releasing the %s lock: %s", name, exc)
 
     async def try_lease(self, backend: str) -> bool:
         """Take the follow lease of ``backend`` (False: another dispatcher holds it); held until

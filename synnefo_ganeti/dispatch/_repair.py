@@ -67,6 +67,9 @@ __all__ = ["REPAIR_TASK", "Repairer"]
 
 log = logging.getLogger("synnefo_ganeti.dispatch")
 
+#: every status but DESTROYED
+_LIVE = tuple(s for s in InstanceStatus if s is not InstanceStatus.DESTROYED)
+
 #: the root task's name
 REPAIR_TASK = "dispatch repair"
 #: a repair that failed is not sent again for the same problem within this many seconds
@@ -136,8 +139,9 @@ class Repairer:
         # instance being made: an incident for nothing.)
         rows = {
             r.name: r
-            for r in await d.store.list_instances(backend=backend)
-            if r.owned and r.status is not InstanceStatus.DESTROYED
+            # (the live rows only: a store keeps every instance it ever had, DESTROYED)
+            for r in await d.store.list_instances(backend=backend, status=_LIVE)
+            if r.owned
         }
         async with asyncio.timeout(timeout):
             nodes = await client.list_nodes()

@@ -39,6 +39,8 @@ class WatchStats:
     vanished: int = 0
     #: files marked while another dispatcher read the folder (not read here)
     paused: int = 0
+    #: versions read of a job whose end alone is stored here (``ends_only``), before its end
+    not_ended: int = 0
 
 
 def check_inotify_limits(proc: Path = Path("/proc/sys/fs/inotify")) -> list[str]:

@@ -34,6 +34,7 @@ import stat
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from asyncinotify import Inotify, Mask, Watch
 
@@ -43,7 +44,7 @@ from synnefo_ganeti.jobs._files import MAX_JOB_FILE_BYTES
 from synnefo_ganeti.store import JobVersion, Store
 from synnefo_ganeti.watch._support import WatchStats, check_inotify_limits, file_identity, os_reason
 
-__all__ = ["QueueWatcher", "WatchStats", "check_inotify_limits"]
+__all__ = ["QueueWatcher", "VersionSink", "WatchStats", "check_inotify_limits"]
 
 log = logging.getLogger("synnefo_ganeti.watch")
 
@@ -67,6 +68,14 @@ _ARCHIVE_MASK = Mask.CREATE | Mask.MOVED_TO | Mask.DELETE_SELF | Mask.MOVE_SELF 
 _FOLDER_MASK = _FILE_EVENTS | Mask.DELETE_SELF | Mask.ONLYDIR
 
 
+class VersionSink(Protocol):
+    """Where the watcher hands what it reads: the :class:`~synnefo_ganeti.store.Store`, or
+    another consumer of job-file versions (the eventd publisher)."""
+
+    async def put(self, version: JobVersion) -> None: ...
+    async def archived_final_job_ids(self, backend: str) -> set[int]: ...
+
+
 class _WatchLost(Exception):
     """The queue directory's own watch went away: set everything up again."""
 
@@ -82,13 +91,15 @@ class QueueWatcher:
     def __init__(
         self,
         queue_dir: str | os.PathLike[str],
-        store: Store,
+        store: Store | VersionSink,
         backend: str,
         *,
         retry_interval: float = 2.0,
         max_file_bytes: int = MAX_JOB_FILE_BYTES,
         read_batch: int = 512,
         wants: Callable[[int], bool] | None = None,
+        ends_only: Callable[[int], bool] | None = None,
+        archive: bool = True,
     ) -> None:
         self.queue_dir = Path(queue_dir)
         #: which jobs' files to read now (None: all). Several dispatchers that watch one queue
@@ -97,6 +108,14 @@ class QueueWatcher:
         #: learn their ends at once) and drop the rest of what inotify marks. :meth:`resume`
         #: (at a lease gained) scans the folder again, so that nothing written meanwhile is missed
         self.wants = wants
+        #: of the jobs read, which ones only their end is stored of (None: none). A dispatcher
+        #: that does not hold the follow lease reads its own creates' files to learn their ends
+        #: at once; their other versions the holder stores (reading them here too cost a writer
+        #: transaction each for nothing: the holder had stored them, or would)
+        self.ends_only = ends_only
+        #: watch and read ``archive/`` too (False: only the queue directory's own ``job-N``
+        #: files; the eventd publisher, which publishes a job's end from the queue directory)
+        self.archive = archive
         self.store = store
         self.backend = backend
         self.retry_interval = retry_interval
@@ -277,7 +296,7 @@ class QueueWatcher:
 
     def _watch_archive(self) -> None:
         archive = os.fspath(self.queue_dir / "archive")
-        if not os.path.isdir(archive):
+        if not self.archive or not os.path.isdir(archive):
             return
         if archive not in self._watches and self._inotify is not None:
             self._watches[archive] = self._add_watch(archive, _ARCHIVE_MASK)
@@ -322,6 +341,8 @@ class QueueWatcher:
         log.info("scanned %s (%s): %d job files", self.queue_dir, reason, found)
 
     def _scan_archive(self) -> int:
+        if not self.archive:
+            return 0
         archive = os.fspath(self.queue_dir / "archive")
         found = 0
         try:
@@ -425,6 +446,9 @@ class QueueWatcher:
             return None
         if self._bad.pop(path, None) is not None:
             log.info("job file %s is readable again", path)
+        if not job.status.is_final and self.ends_only is not None and self.ends_only(job_id):
+            self.stats.not_ended += 1
+            return None
         self.stats.versions += 1
         self._m_versions.inc()
         return JobVersion(self.backend, job, archived)

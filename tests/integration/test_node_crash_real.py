@@ -14,8 +14,11 @@ node3 down. Node3 is brought back (``up-multi.sh``) and every instance removed, 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -67,15 +70,61 @@ async def _node3_figures(rapi: RapiClient) -> bool:
     return node.get("mfree") is not None and not node.get("offline")
 
 
+def _patient_grep() -> str:
+    """A folder holding ``grep``: the real one, given all of its input first (made once a run).
+
+    ../shared's up-multi.sh runs ``gnt-node list | grep -qx NAME`` under ``pipefail``: a ``grep -q``
+    that answers at its first line closes the pipe while ``gnt-node list`` still writes, which then
+    dies of SIGPIPE, the pipeline fails, a node in the cluster is taken for one that is not, and
+    ``gnt-node add`` fails with "already in the cluster". On a fast machine that happened three
+    runs in three (a rehearsal of CI, 2026-11-29). Run with this folder first on its ``PATH`` and
+    stdin on /dev/null (so that a grep of files reads nothing from it), the script's greps read
+    their whole input before they answer."""
+    global _GREP_DIR
+    if _GREP_DIR is None:
+        real = shutil.which("grep") or "/usr/bin/grep"
+        folder = Path(tempfile.mkdtemp(prefix="sg-patient-grep-"))
+        wrapper = folder / "grep"
+        wrapper.write_text(
+            "#!/bin/sh\n"
+            "# the real grep, given all of its input first (tests/integration/test_node_crash_real.py)\n"
+            'tmp=$(mktemp) || exit 2\ncat > "$tmp"\n'
+            f'"{real}" "$@" < "$tmp"\nstatus=$?\nrm -f "$tmp"\nexit $status\n'
+        )
+        wrapper.chmod(0o755)
+        atexit.register(shutil.rmtree, folder, True)
+        _GREP_DIR = str(folder)
+    return _GREP_DIR
+
+
+_GREP_DIR: str | None = None
+
+
+async def up_multi(timeout: float = 300) -> str:
+    """``up-multi.sh`` (every node of the lab up), its greps patient (:func:`_patient_grep`)."""
+    env = {**os.environ, "PATH": f"{_patient_grep()}:{os.environ.get('PATH', '')}"}
+    command = str(MULTI / "up-multi.sh")
+    proc = await asyncio.create_subprocess_exec(
+        command,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, f"{command} exited {proc.returncode}: {text[-2000:]}"
+    return text
+
+
 async def _bring_back(rapi: RapiClient) -> None:
     """node3 up again, RAPI answering, its figures in /2/nodes (online, if anything marked it offline).
 
-    ../shared's up-multi.sh now and then fails on a SIGPIPE of its own (``gnt-node list | grep -qx``
-    under pipefail: a node in the cluster taken for one that is not, then "already in the cluster",
-    seen in CI): it is run again, up to three times, before the test fails."""
+    up-multi.sh runs with patient greps (:func:`up_multi`); should it fail all the same with
+    "already in the cluster", it is run again, up to three times, before the test fails."""
     for attempt in range(3):
         try:
-            await _run(str(MULTI / "up-multi.sh"), timeout=300)
+            await up_multi(timeout=300)
             break
         except AssertionError as exc:
             if attempt == 2 or "already in the cluster" not in str(exc):

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from synnefo_ganeti import ControlPlane
 from synnefo_ganeti.config import NotifySettings
 from synnefo_ganeti.daemon import SystemdNotifier
-from synnefo_ganeti.dispatch import Dispatcher, JobTracker, WebhookDeliverer
+from synnefo_ganeti.dispatch import AmqpPublisher, Dispatcher, JobTracker, WebhookDeliverer
 from synnefo_ganeti.dispatch._follow import RecordedJobs
 from synnefo_ganeti.dispatch._observe import Observer
 from synnefo_ganeti.dispatch._repair import Repairer
@@ -51,6 +51,7 @@ ROOT_TASKS: dict[str, tuple[type[Any], str]] = {
     "dispatch liveness lock": (Dispatcher, "_lock_loop"),  # PostgreSQL only
     "dispatch watchdog": (Dispatcher, "_watchdog_loop"),
     "dispatch webhook": (WebhookDeliverer, "run"),  # [notify] url set
+    "dispatch amqp": (AmqpPublisher, "run"),  # [notify] amqp_url set (run() replaced: no broker needed)
     "track f1": (JobTracker, "run"),
 }
 
@@ -121,6 +122,9 @@ async def test_a_root_task_that_raises_stops_the_dispatcher(
             secret.write_text("hmac-key\n")
             secret.chmod(0o600)
             notify = NotifySettings(url=str(receiver.make_url("/hook")), secret_file=secret)
+            settings = settings.model_copy(update={"notify": notify})
+        if root_task == "dispatch amqp":
+            notify = NotifySettings(amqp_url="amqp://guest:guest@127.0.0.1:5672/")
             settings = settings.model_copy(update={"notify": notify})
         async with Store(db_url) as store, ControlPlane(settings, store=store) as cp:
             notifier = RecordingNotifier()

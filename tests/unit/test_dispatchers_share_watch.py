@@ -1,7 +1,7 @@
 """Two dispatchers that watch one queue folder (issue 31 item 2): the holder of the backend's
-follow lease reads every job file, the other only the files of the creates it submitted (so it
-still learns their ends at once, even when the holder stored them first: ``CommitInfo.ended_before``),
-and a lease taken over has the folder read again."""
+follow lease reads every job file, the other only the files of the creates it submitted, and of
+those hands its store only their ends (so it still learns them at once, even when the holder
+stored them first: ``CommitInfo.ended_before``), and a lease taken over has the folder read again."""
 
 from __future__ import annotations
 
@@ -55,6 +55,9 @@ async def test_the_holder_reads_every_job_file_and_the_other_its_own(pg_url: str
                 assert other_w.stats.paused > 0
                 # the other read its own creates' files only: fewer than the holder, who read all
                 assert other_w.stats.files_read < holder_w.stats.files_read
+                # and handed the store only their ends: the holder stored every other version
+                assert other_w.stats.not_ended > 0
+                assert other_w.stats.versions < holder_w.stats.versions
 
                 # the holder goes: the other takes the lease and reads the folder again
                 scans = other_w.stats.scans

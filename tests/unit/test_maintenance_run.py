@@ -128,6 +128,10 @@ async def test_killed_midway_it_resumes_at_its_step(tmp_path: Path, db_url: str)
         task = asyncio.create_task(first.run("f1", REBOOT, options=OPTIONS))
 
         async def at_command() -> Any:
+            # the step stored and its command called (waiting at the gate): the step is stored
+            # before the call, so a kill between the two is another case than this test's
+            if not any(c.startswith("reboot ") for c in lab.commands):
+                return None
             runs = await first.runs("f1")
             return runs[0] if runs and runs[0].position.get("phase") == "command" else None
 

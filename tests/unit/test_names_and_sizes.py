@@ -306,3 +306,24 @@ async def test_a_drained_backend_is_not_room_for_a_spec(db_url: str) -> None:
             assert (await cp.get_request(rid)).status is RequestStatus.PENDING
             assert await store.set_backend_drained("big", False)
             await cp.validate(spec(memory=40000))
+
+
+async def test_open_requests_are_found_by_name_through_their_index(db_url: str, engine: AsyncEngine) -> None:
+    """Every new request checks the open requests' names; the requests table keeps every request
+    ever made, so the check must not read it whole (migration 0017)."""
+    async with Store(db_url) as store:
+        await store.add_request({"name": "web.example.org"}, name="web.example.org")
+    async with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            rows = await conn.execute(
+                text("EXPLAIN QUERY PLAN SELECT id FROM requests WHERE lower(name) = 'web.example.org'")
+            )
+            assert any("ix_requests_name_lower" in str(row[-1]) for row in rows)
+        else:
+            await conn.execute(text("SET LOCAL enable_seqscan = off"))
+            plan = await conn.execute(
+                text(
+                    "EXPLAIN SELECT id FROM requests WHERE lower(name) IN ('web.example.org', 'db.example.org')"
+                )
+            )
+            assert "ix_requests_name_lower" in "\n".join(row[0] for row in plan)

@@ -573,8 +573,8 @@ def _backend_columns(connection: Connection) -> set[str]:
 
 # SQLite cannot reflect the index on lower(name) (migration 0012): the schema compare skips it
 @pytest.mark.filterwarnings(
-    "ignore:Skipped unsupported reflection of expression-based index ix_instances_name_lower",
-    "ignore:autogenerate skipping metadata-specified expression-based index 'ix_instances_name_lower'",
+    "ignore:Skipped unsupported reflection of expression-based index ix_(instances|requests)_name_lower",
+    "ignore:autogenerate skipping metadata-specified expression-based index 'ix_(instances|requests)_name_lower'",
 )
 async def test_0004_downgrades_to_0003_and_upgrades_again(db_url: str, engine: AsyncEngine) -> None:
     await upgrade(engine)

@@ -93,7 +93,9 @@ async def test_a_create_whose_job_appears_after_the_client_gave_up_is_recorded_n
                 "dispatcher": settings.dispatcher.model_copy(update={"unknown_outcome_wait": 60.0}),
             }
         )
-        f1.slow_submit(3.0, job_after=1.0, times=1)
+        # the job 2.5 s after the POST: well after the client's own look (at its 0.5 s timeout),
+        # which found it when a loaded machine delayed that look past a job_after of 1 s
+        f1.slow_submit(4.0, job_after=2.5, times=1)
         request_id = await cp.request_instance(spec("vm-slow.example"))
         async with running(Dispatcher(settings, store=store, status_server=False)) as d:
             done = await finished(cp, request_id)

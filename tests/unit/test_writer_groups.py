@@ -141,3 +141,42 @@ async def test_a_batch_alone_runs_without_a_savepoint_and_falls_back_call_by_cal
         outcomes = await asyncio.gather(*(call(f"n{i}") for i in range(6)))
         batched = [o for o in outcomes if o.startswith("batched")]
         assert len(steps) >= 2 and batched, (steps, outcomes)  # the next step ran, without a savepoint
+
+
+async def test_calls_with_and_without_the_writers_lock_share_one_transaction(db_url: str) -> None:
+    """Calls that take the writers' lock and calls that need none, queued together, commit in one
+    transaction (the lock taken once, if one of them needs it), each with its own result."""
+    from sqlalchemy import event
+
+    async with Store(db_url) as store:
+        backend_id = await store.ensure_backend("b1")
+        commits: list[str] = []
+        engines = [e for e in (store._db.engine.sync_engine, store._db.sync_engine) if e is not None]
+        for engine in engines:
+            event.listen(engine, "commit", lambda _conn: commits.append("commit"))
+
+        def add(message: str) -> Any:
+            def run(conn: Connection) -> str:
+                conn.execute(
+                    insert(backend_events_t).values(
+                        backend_id=backend_id, kind="note", message=message, at=_now()
+                    )
+                )
+                return message
+
+            return run
+
+        # all queued before the writer's task runs again (asyncio runs the tasks in the order
+        # they were made, and the writer's wake-up comes after them): one round of the writer
+        calls = [
+            asyncio.ensure_future(store._writer.call(add(f"m{i}"), exclusive=i % 2 == 0)) for i in range(6)
+        ]
+        assert await asyncio.gather(*calls) == [f"m{i}" for i in range(6)]
+        assert commits == ["commit"], commits
+
+        def messages(conn: Connection) -> list[str]:
+            return list(
+                conn.execute(select(backend_events_t.c.message).order_by(backend_events_t.c.id)).scalars()
+            )
+
+        assert await store.call_read(messages) == [f"m{i}" for i in range(6)]

@@ -17,6 +17,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -60,6 +61,10 @@ def reason(exc: BaseException) -> str:
     return f"{type(original).__name__}: {message[:200]}" if message else type(original).__name__
 
 
+#: how long closing waits for connects cut off midway (twice: a connect, then its close)
+_ABANDONED_WAIT = 5.0
+
+
 class Database:
     """The engines of one database URL, and what the store needs to know about its dialect."""
 
@@ -73,6 +78,10 @@ class Database:
         #: SQLite files: the writer's own synchronous engine, used from its one thread
         self.sync_engine: Engine | None = None
         self.sync_executor: ThreadPoolExecutor | None = None
+        #: connects whose caller was cancelled meanwhile, and the closes of what they made
+        self._abandoned: set[asyncio.Future[Any]] = set()
+        #: SQLite: every driver connection the async engine opened (closed by :meth:`close`)
+        self._drivers: weakref.WeakSet[Any] = weakref.WeakSet()
 
     @property
     def engine(self) -> AsyncEngine:
@@ -95,6 +104,7 @@ class Database:
                 **_JSON_OPTIONS,
             )
             self._sqlite_events(engine.sync_engine)
+            event.listen(engine.sync_engine, "connect", self._opened)
             return engine
         return create_async_engine(
             self.url,
@@ -171,6 +181,10 @@ class Database:
         self._make_sync_writer()
 
     async def close(self) -> None:
+        if self._abandoned:  # cut-off connects finish and are closed before the engine goes
+            await asyncio.wait(set(self._abandoned), timeout=_ABANDONED_WAIT)
+            if self._abandoned:  # (their connection, once made, is closed all the same)
+                await asyncio.wait(set(self._abandoned), timeout=_ABANDONED_WAIT)
         if self.sync_engine is not None and self.sync_executor is not None:
             # after the transaction the thread may still be in (its writer task was cancelled)
             await asyncio.get_running_loop().run_in_executor(self.sync_executor, self.sync_engine.dispose)
@@ -179,6 +193,18 @@ class Database:
         if self.async_engine is not None:
             await self.async_engine.dispose()
             self.async_engine = None
+        # dispose() closes the pooled connections only: one a cancelled task still held (cut
+        # off mid-read as a daemon stopped) would be left to the garbage collector; the store
+        # closes every connection it opened (aiosqlite's close is a no-op on a closed one)
+        for driver in list(self._drivers):
+            with contextlib.suppress(Exception):
+                await driver.close()
+        self._drivers.clear()
+
+    def _opened(self, dbapi_connection: Any, _record: Any) -> None:
+        driver = getattr(dbapi_connection, "driver_connection", None)
+        if driver is not None:
+            self._drivers.add(driver)
 
     def check_sqlite_folder(self) -> None:
         if self.in_memory:
@@ -263,6 +289,44 @@ class Database:
             await conn.execute(_WRITE_LOCK_SHARED if shared else _WRITE_LOCK, {"key": _WRITE_LOCK_KEY})
         return conn
 
+    @contextlib.asynccontextmanager
+    async def connect(self) -> AsyncIterator[AsyncConnection]:
+        """A connection of the async engine for the context, closed after it.
+
+        Unlike ``engine.connect()``, a caller cancelled while the pool opens a new SQLite
+        connection (SQLAlchemy's on-connect steps awaiting aiosqlite's thread) leaves nothing
+        open: the connect goes on, shielded, and what it made is closed (:meth:`close` waits a
+        moment for that). Cut off midway, it left a driver connection that no one owned or
+        closed (found as ``ResourceWarning: unclosed database`` when a dispatcher stopped while
+        its first reads were connecting). SQLite only: PostgreSQL's connects are cut off as they
+        come (a read under a timeout shorter than a connect would otherwise open connection
+        after connection in the background).
+        """
+        if self.dialect != "sqlite":
+            async with self.engine.connect() as conn:
+                yield conn
+            return
+        connecting = asyncio.ensure_future(self.engine.connect().start())
+        try:
+            conn = await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            self._abandoned.add(connecting)
+            connecting.add_done_callback(self._close_abandoned)
+            raise
+        try:
+            yield conn
+        finally:
+            await asyncio.shield(conn.close())
+
+    def _close_abandoned(self, connecting: asyncio.Future[Any]) -> None:
+        self._abandoned.discard(connecting)
+        if connecting.cancelled() or connecting.exception() is not None:
+            return
+        closing = asyncio.ensure_future(connecting.result().close())
+        self._abandoned.add(closing)
+        closing.add_done_callback(self._abandoned.discard)
+        closing.add_done_callback(_quiet)
+
     async def run_transaction(
         self, fn: Callable[[Connection], T], *, exclusive: bool = True, shared: bool = False
     ) -> T:
@@ -271,7 +335,7 @@ class Database:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self.sync_executor, self._transaction_in_thread, fn)
         # (a pooled connection the server dropped fails here: the writer retries the call)
-        async with self.engine.connect() as conn:
+        async with self.connect() as conn:
             conn = await self.begin_write(conn, exclusive=exclusive, shared=shared)
             result = await conn.run_sync(fn)
             await conn.commit()
@@ -309,7 +373,7 @@ class Database:
         """PostgreSQL: LISTEN on ``channel`` on a connection of its own while the context is
         open (``on_notify(connection, pid, channel, payload)``; ``on_lost`` when the database
         drops that connection)."""
-        async with self.engine.connect() as conn:
+        async with self.connect() as conn:
             raw = await conn.get_raw_connection()
             driver = raw.driver_connection
             assert driver is not None
@@ -334,7 +398,7 @@ class Database:
         by a ping at every checkout: the read is tried once more on a fresh one."""
         for attempt in (1, 2):
             try:
-                async with self.engine.connect() as conn:
+                async with self.connect() as conn:
                     if self.dialect == "postgresql":
                         conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
                     return await fn(conn)
@@ -353,6 +417,12 @@ class Database:
             return await conn.run_sync(fn)
 
         return await self.read(run)
+
+
+def _quiet(task: asyncio.Future[Any]) -> None:
+    """Mark a background close's failure as seen (a connection that fails to close is gone)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("closing an abandoned connection: %s", task.exception())
 
 
 async def upgrade_database(url: str | URL) -> tuple[str, str | None, str | None]:

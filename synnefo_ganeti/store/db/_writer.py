@@ -245,16 +245,16 @@ class Writer:
                 else:
                     items.append(item)
             try:
-                # the calls taken, in one transaction per kind (exclusive or not; each call in a
-                # savepoint, or a step of a set-based batch), then the versions in one: one
-                # commit for many callers. Each caller has one call queued at a time, and the
-                # versions' order among themselves is kept; a version and a call may commit in
-                # either order (a job recorded after its end was stored is settled at once).
+                # the calls taken, in one transaction (each call in a savepoint, or a step of a
+                # set-based batch; with the writers' lock if one of them needs it, which the
+                # others do not mind), then the versions in one: one commit for many callers.
+                # Each caller has one call queued at a time, and the versions' order among
+                # themselves is kept; a version and a call may commit in either order (a job
+                # recorded after its end was stored is settled at once). (The versions keep a
+                # transaction of their own: in the calls' one, every caller would wait for them.)
                 calls = [item for item in items if isinstance(item, _Call)]
-                for exclusive in (True, False):
-                    kind = [call for call in calls if call.exclusive is exclusive]
-                    if kind:
-                        await self._calls(kind)
+                if calls:
+                    await self._calls(calls)
                 batch = [item for item in items if not isinstance(item, _Call)]
                 if batch:
                     await self._write_with_retry(batch)
@@ -283,7 +283,7 @@ class Writer:
             call.started = True
         try:
             outcomes = await self.db.run_group(
-                [(call.fn, call.batch) for call in calls], exclusive=calls[0].exclusive
+                [(call.fn, call.batch) for call in calls], exclusive=any(call.exclusive for call in calls)
             )
         except (*_TRANSIENT, _BatchFailed):
             for call in calls:  # (the retries count and say what went wrong)

@@ -10,6 +10,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Table, bindparam, insert, select, update
 
 from synnefo_ganeti.jobs import JobStatus, JobSummary
+from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.instances._column_changes import changed_columns, renamed
 from synnefo_ganeti.store.instances._instances import (
     InstanceAction,
@@ -63,7 +64,7 @@ _UNAPPLIED = (
     .join(instances_t, instances_t.c.id == instance_jobs_t.c.instance_id)
     .where(
         instance_jobs_t.c.backend_id == bindparam("b_backend"),
-        instance_jobs_t.c.job_id.in_(bindparam("b_ids", expanding=True)),
+        any_of(instance_jobs_t.c.job_id, "b_ids"),
         instance_jobs_t.c.applied_at.is_(None),
     )
     .order_by(instance_jobs_t.c.job_id)

@@ -19,6 +19,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Table, select
 
 from synnefo_ganeti.jobs import JobStatus, JobSummary
+from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.instances._outcomes import CHANGED_COLUMNS, CHANGING_ACTIONS, error_record
 from synnefo_ganeti.store.instances._rows import Instance
 
@@ -26,6 +27,10 @@ __all__ = ["changed_columns", "renamed"]
 
 instances_t = cast(Table, Instance.__table__)
 _DESTROYED = "DESTROYED"  # InstanceStatus.DESTROYED (its module imports this one)
+#: the changed columns of some instances (built once: one statement text whatever their number)
+_CHANGED = select(instances_t.c.id, *(instances_t.c[column] for column in CHANGED_COLUMNS)).where(
+    any_of(instances_t.c.id, "b_ids")
+)
 
 
 def changed_columns(
@@ -40,8 +45,7 @@ def changed_columns(
     ]
     if not ids:
         return {}
-    columns = [instances_t.c[column] for column in CHANGED_COLUMNS]
-    found = conn.execute(select(instances_t.c.id, *columns).where(instances_t.c.id.in_(ids))).all()
+    found = conn.execute(_CHANGED, {"b_ids": ids}).all()
     return {row.id: {column: getattr(row, column) for column in CHANGED_COLUMNS} for row in found}
 
 

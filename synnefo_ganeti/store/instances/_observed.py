@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, bindparam, select, update
 
+from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.instances._instances import InstanceStatus, instances_t
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ _LIVE_OBSERVED = select(
     *(instances_t.c[name] for name in OBSERVED_FIELDS),
 ).where(
     instances_t.c.backend_id == bindparam("b_backend"),
-    instances_t.c.name.in_(bindparam("b_names", expanding=True)),
+    any_of(instances_t.c.name, "b_names"),
     instances_t.c.status != InstanceStatus.DESTROYED.value,
 )
 

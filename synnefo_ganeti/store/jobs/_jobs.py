@@ -23,6 +23,8 @@ from synnefo_ganeti._serial import from_timestamp
 from synnefo_ganeti.errors import InvalidError
 from synnefo_ganeti.jobs import JobFile, JobStatus, JobSummary, job_events
 from synnefo_ganeti.store.backends._backends import Backends, backends_t
+from synnefo_ganeti.store.db._any import any_of
+from synnefo_ganeti.store.db._copy import insert_rows
 from synnefo_ganeti.store.db._engine import NOTIFY_CHANNEL, Database
 from synnefo_ganeti.store.db._locks import lock_keys
 from synnefo_ganeti.store.db._writer import BatchResult
@@ -178,7 +180,7 @@ def apply_versions(
     inserts: list[dict[str, Any]] = []
     updates: list[dict[str, Any]] = []
     archive_only: list[dict[str, Any]] = []
-    event_rows: list[dict[str, Any]] = []
+    event_rows: list[tuple[Any, ...]] = []  # (in the order of _EVENT_COLUMNS)
     applied: list[tuple[str, JobSummary]] = []
     finals: list[tuple[int, int, JobSummary]] = []
     ended_before: list[tuple[str, JobSummary]] = []
@@ -212,20 +214,20 @@ def apply_versions(
                 for change in job_events(summary, version.job):
                     count += 1
                     event_rows.append(
-                        {
-                            "backend_id": backend_id,
-                            "job_id": job_id,
-                            "seq": count,
-                            "kind": change.kind.value,
-                            "status": change.status.value,
-                            "op_index": change.op_index,
-                            "op_id": change.op_id,
-                            "instance": change.instance,
-                            "log_serial": change.log_serial,
-                            "log_message": change.log_message,
-                            "event_time": from_timestamp(change.event_time),
-                            "stored_at": now,
-                        }
+                        (
+                            backend_id,
+                            job_id,
+                            count,
+                            change.kind.value,
+                            change.status.value,
+                            change.op_index,
+                            change.op_id,
+                            change.instance,
+                            change.log_serial,
+                            change.log_message,
+                            from_timestamp(change.event_time),
+                            now,
+                        )
                     )
                 summary = current
                 last = version.job
@@ -251,7 +253,7 @@ def apply_versions(
     if archive_only:
         conn.execute(_ARCHIVE_JOB, archive_only)
     if event_rows:
-        conn.execute(_INSERT_EVENTS, event_rows)
+        insert_rows(conn, events_t, _EVENT_COLUMNS, event_rows)
         if notify:
             conn.execute(_NOTIFY, {"channel": NOTIFY_CHANNEL})
     if finals:
@@ -266,10 +268,13 @@ _STORED_JOBS = select(
     jobs_t.c.job_id, jobs_t.c.summary, jobs_t.c.revision, jobs_t.c.event_count, jobs_t.c.archived
 ).where(
     jobs_t.c.backend_id == bindparam("b_backend_id"),
-    jobs_t.c.job_id.in_(bindparam("b_ids", expanding=True)),
+    any_of(jobs_t.c.job_id, "b_ids"),
 )
 _INSERT_JOB = insert(jobs_t)
-_INSERT_EVENTS = insert(events_t)
+_EVENT_COLUMNS = (
+    "backend_id", "job_id", "seq", "kind", "status", "op_index", "op_id", "instance", "log_serial",
+    "log_message", "event_time", "stored_at",
+)  # fmt: skip
 _NOTIFY = text("SELECT pg_notify(:channel, '')")
 
 _UPDATE_JOB = (

@@ -32,6 +32,7 @@ from sqlalchemy import Connection, Row, Table, bindparam, delete, func, insert, 
 from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.errors import ConflictError, InvalidError, NotFoundError, RequestNotHeldError
 from synnefo_ganeti.store.backends._rows import Backend
+from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.db._locks import lock_keys
 from synnefo_ganeti.store.instances._rows import Instance, InstanceJob
 from synnefo_ganeti.store.requests._names import UniqueNames, check_name_free, name_key, request_differences
@@ -267,13 +268,13 @@ _UNCLAIMED = (
 _UNCLAIMED_SKIP_LOCKED = _UNCLAIMED.with_for_update(skip_locked=True)
 _CLAIM = (
     update(requests_t)
-    .where(requests_t.c.id.in_(bindparam("b_ids", expanding=True)), requests_t.c.claimed_by.is_(None))
+    .where(any_of(requests_t.c.id, "b_ids"), requests_t.c.claimed_by.is_(None))
     .values(
         claimed_by=bindparam("b_dispatcher"), claimed_at=bindparam("b_now"), updated_at=bindparam("b_now")
     )
 )
 _CLAIMED = select_requests().where(
-    requests_t.c.id.in_(bindparam("b_ids", expanding=True)),
+    any_of(requests_t.c.id, "b_ids"),
     requests_t.c.claimed_by == bindparam("b_dispatcher"),
 )
 

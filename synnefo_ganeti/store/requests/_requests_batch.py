@@ -18,10 +18,11 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, tuple_, update
+from sqlalchemy import bindparam, delete, func, insert, select, union_all, update
 from sqlalchemy.engine import Connection
 
 from synnefo_ganeti.jobs import JobStatus
+from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.db._batch import Outcome
 from synnefo_ganeti.store.db._locks import lock_keys
 from synnefo_ganeti.store.instances._instances import (
@@ -74,29 +75,42 @@ class SubmittedArgs:
 
 # The hot statements, built once: built per batch (and a burst's API writes batches of a few
 # requests), their construction and cache keys cost more than running them.
-_REQUESTS = select_requests().where(requests_t.c.id.in_(bindparam("b_ids", expanding=True)))
-# names compare whatever their case (``lower(name)``, as store/requests/_names.py): these take lowered names
-_HOLDERS = select(requests_t.c.id, requests_t.c.name).where(
-    func.lower(requests_t.c.name).in_(bindparam("b_names", expanding=True)), requests_t.c.status.in_(_OPEN)
+_REQUESTS = select_requests().where(any_of(requests_t.c.id, "b_ids"))
+# names compare whatever their case (``lower(name)``, as store/requests/_names.py): these take
+# lowered names. The requests of the names whatever their status, the open ones picked here, not
+# in SQL: statistics made while every request had ended (a cloud's past) say "no open request",
+# and with the status in the query PostgreSQL read every open one (a burst's thousands) by the
+# status index for each batch instead of the few of its names (issue 31)
+_HOLDERS = select(requests_t.c.id, requests_t.c.name, requests_t.c.status).where(
+    any_of(func.lower(requests_t.c.name), "b_names")
 )
-# the batch's ids already taken and the open requests holding its names, in one read
-_EXISTING_OR_HOLDING = select(requests_t.c.id, requests_t.c.name, requests_t.c.status).where(
-    or_(
-        requests_t.c.id.in_(bindparam("b_ids", expanding=True)),
-        and_(
-            func.lower(requests_t.c.name).in_(bindparam("b_names", expanding=True)),
-            requests_t.c.status.in_(_OPEN),
-        ),
-    )
+# the batch's ids already taken and the requests of its names, in one read (two arms, not an OR:
+# each takes its own index, the primary key and ix_requests_name_lower)
+_EXISTING_OR_HOLDING = union_all(
+    select(requests_t.c.id, requests_t.c.name, requests_t.c.status).where(any_of(requests_t.c.id, "b_ids")),
+    select(requests_t.c.id, requests_t.c.name, requests_t.c.status).where(
+        any_of(func.lower(requests_t.c.name), "b_names")
+    ),
 )
 # a new request's row as the insert wrote it (its server defaults included): no read after it
 _INSERT_RETURNING = insert(requests_t).returning(*requests_t.c, sort_by_parameter_order=True)
-_LIVE_NAMES = select(instances_t.c.name).where(
-    func.lower(instances_t.c.name).in_(bindparam("b_names", expanding=True)),
-    instances_t.c.status != _DESTROYED,
+# the instances of these names, DESTROYED ones too (left out here, not in SQL: with the status
+# in the query PostgreSQL may read the whole partial index of live names instead of the names')
+_NAMES_STATUS = select(instances_t.c.name, instances_t.c.status).where(
+    any_of(func.lower(instances_t.c.name), "b_names")
 )
 _NAMED = select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name, instances_t.c.status).where(
-    func.lower(instances_t.c.name).in_(bindparam("b_names", expanding=True))
+    any_of(func.lower(instances_t.c.name), "b_names")
+)
+_WRITTEN = select(instances_t.c.uuid).where(any_of(instances_t.c.uuid, "b_uuids"))
+_LIVE_NAMED = select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name).where(
+    any_of(instances_t.c.name, "b_names"), instances_t.c.status != _DESTROYED
+)
+_RECORDED = select(instance_jobs_t.c.backend_id, instance_jobs_t.c.job_id).where(
+    any_of(instance_jobs_t.c.backend_id, "b_backends"), any_of(instance_jobs_t.c.job_id, "b_jobs")
+)
+_STORED = select(jobs_t.c.backend_id, jobs_t.c.job_id, jobs_t.c.status).where(
+    any_of(jobs_t.c.backend_id, "b_backends"), any_of(jobs_t.c.job_id, "b_jobs")
 )
 
 
@@ -108,7 +122,8 @@ def _holders(conn: Connection, names: set[str]) -> dict[str, set[str]]:
     """Name, lowered -> the open requests holding it (whatever its case)."""
     holders: dict[str, set[str]] = defaultdict(set)
     for row in conn.execute(_HOLDERS, {"b_names": sorted({name.lower() for name in names})}):
-        holders[row.name.lower()].add(row.id)
+        if row.status in _OPEN:
+            holders[row.name.lower()].add(row.id)
     return holders
 
 
@@ -127,7 +142,11 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
             existing.add(row.id)
         if row.status in _OPEN and row.name.lower() in wanted:
             holders[row.name.lower()].add(row.id)
-    live = {row.name.lower() for row in conn.execute(_LIVE_NAMES, {"b_names": lowered})}
+    live = {
+        row.name.lower()
+        for row in conn.execute(_NAMES_STATUS, {"b_names": lowered})
+        if row.status != _DESTROYED
+    }
     renamed = renaming_to(conn, names)  # names a rename in progress takes (lowered)
     fast: list[tuple[int, AddArgs]] = []
     taken: set[str] = set()  # (every set here holds names lowered: a name is one whatever its case)
@@ -182,14 +201,8 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
             last_destroyed[key] = max(found.id, last_destroyed.get(key, found.id))
     holders = _holders(conn, names)
     # the requests whose instance row is written already (an earlier attempt's, kept): one by one
-    written = {
-        row.uuid
-        for row in conn.execute(
-            select(instances_t.c.uuid).where(
-                instances_t.c.uuid.in_([r.instance_uuid for r in rows.values() if r.instance_uuid])
-            )
-        )
-    }
+    uuids = [r.instance_uuid for r in rows.values() if r.instance_uuid]
+    written = {row.uuid for row in conn.execute(_WRITTEN, {"b_uuids": uuids})} if uuids else set()
     fast: list[tuple[int, PlaceArgs, Any]] = []
     taken: set[str] = set()
     for index, item in enumerate(items):
@@ -276,33 +289,25 @@ def submitted_many(conn: Connection, items: list[SubmittedArgs]) -> list[Outcome
     rows = _requests(conn, (item.request_id for item in items))
     names = {row.name for row in rows.values()}
     live: dict[tuple[int, str], list[Any]] = defaultdict(list)
-    for found in conn.execute(
-        select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name).where(
-            instances_t.c.name.in_(names), instances_t.c.status != _DESTROYED
-        )
-    ):
+    for found in conn.execute(_LIVE_NAMED, {"b_names": sorted(names)}):
         live[(found.backend_id, found.name)].append(found)
     pairs = [(rows[i.request_id].backend_id, i.job_id) for i in items if i.request_id in rows]
     pairs = [pair for pair in pairs if pair[0] is not None]
     recorded: set[tuple[int, int]] = set()
     ended: set[tuple[int, int]] = set()
     if pairs:
+        # (the backends' and the job ids' lists: a pair of one with the other is left out below)
+        wanted = set(pairs)
+        keys = {"b_backends": sorted({b for b, _ in wanted}), "b_jobs": sorted({j for _, j in wanted})}
         recorded = {
             (row.backend_id, row.job_id)
-            for row in conn.execute(
-                select(instance_jobs_t.c.backend_id, instance_jobs_t.c.job_id).where(
-                    tuple_(instance_jobs_t.c.backend_id, instance_jobs_t.c.job_id).in_(pairs)
-                )
-            )
+            for row in conn.execute(_RECORDED, keys)
+            if (row.backend_id, row.job_id) in wanted
         }
         ended = {
             (row.backend_id, row.job_id)
-            for row in conn.execute(
-                select(jobs_t.c.backend_id, jobs_t.c.job_id, jobs_t.c.status).where(
-                    tuple_(jobs_t.c.backend_id, jobs_t.c.job_id).in_(pairs)
-                )
-            )
-            if JobStatus(row.status).is_final
+            for row in conn.execute(_STORED, keys)
+            if (row.backend_id, row.job_id) in wanted and JobStatus(row.status).is_final
         }
     fast: list[tuple[int, SubmittedArgs, Any, int]] = []
     seen: set[tuple[int, int]] = set()

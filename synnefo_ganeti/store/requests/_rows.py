@@ -14,6 +14,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    func,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -65,3 +66,7 @@ class CreateRequest(Base):
     updated_at: Mapped[datetime]
     submitted_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+
+
+# every name check asks for the open requests by lower(name) (migration 0017)
+Index("ix_requests_name_lower", func.lower(CreateRequest.name))

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, delete, select, update
 
 from synnefo_ganeti.jobs import JobStatus, JobSummary
+from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.instances._node_errors import is_node_error, named_node
 from synnefo_ganeti.store.requests._requests import (
     RequestStatus,
@@ -53,7 +54,7 @@ _SUBMITTED = select(
     requests_t.c.instance_uuid,
 ).where(
     requests_t.c.backend_id == bindparam("b_backend"),
-    requests_t.c.job_id.in_(bindparam("b_jobs", expanding=True)),
+    any_of(requests_t.c.job_id, "b_jobs"),
     requests_t.c.status == RequestStatus.SUBMITTED.value,
 )
 
