@@ -34,6 +34,10 @@ async def database(db: str, folder: str) -> AsyncIterator[str]:
         return
     name = f"sg_bench_{uuid.uuid4().hex[:12]}"
     await _pg_admin(f'CREATE DATABASE "{name}"')
+    if os.environ.get("SYNNEFO_GANETI_BENCH_PG_LOG"):
+        # every statement of this database in PostgreSQL's log, with its time (see
+        # benchmarks/_pg_log.py): for finding where PostgreSQL's time goes, not for figures
+        await _pg_admin(f'ALTER DATABASE "{name}" SET log_min_duration_statement = 0')
     try:
         yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     finally:

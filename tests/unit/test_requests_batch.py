@@ -202,3 +202,59 @@ async def test_placed_alone_the_build_is_in_progress_and_a_refused_create_ends_i
             None,
             None,
         )
+
+
+async def test_in_one_batch_names_taken_by_an_instance_a_request_or_a_rename_fail_alone(
+    db_url: str, batches: Counter[str]
+) -> None:
+    """A batch of new requests reads what it checks in one statement (store/requests/_requests_batch.py
+    ``_ADD_CHECKS``): a name an instance holds, an open request holds or a rename in progress takes,
+    whatever its case, is refused to that request alone; the free names are added."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import Connection, insert
+
+    from synnefo_ganeti.store.instances._instances import instance_jobs_t
+
+    async with Store(db_url) as store:
+        await add(store, "held.example.com")
+        backend_id = await store.ensure_backend("b1")
+
+        def seed(conn: Connection) -> None:
+            now = datetime.now(UTC)
+            for name, status in (("live.example.com", "STARTED"), ("gone.example.com", "DESTROYED")):
+                conn.execute(
+                    insert(instances_t).values(
+                        backend_id=backend_id, name=name, status=status, created_at=now, updated_at=now
+                    )
+                )
+            row = conn.execute(
+                select(instances_t.c.id).where(instances_t.c.name == "live.example.com")
+            ).scalar()
+            conn.execute(
+                insert(instance_jobs_t).values(
+                    backend_id=backend_id,
+                    job_id=77,
+                    instance_id=row,
+                    action="rename",
+                    params={"new_name": "Renamed.example.com"},
+                    recorded_at=now,
+                )
+            )
+
+        await store._writer.call(seed)
+        names = [
+            "LIVE.example.com",
+            "held.EXAMPLE.com",
+            "renamed.example.com",
+            "gone.example.com",
+            "free.example.com",
+        ]
+        results = await asyncio.gather(*(add(store, name) for name in names), return_exceptions=True)
+        assert batches["add_many"] >= 2  # (queued together: one step)
+        live, held, renamed, gone, free = results
+        assert isinstance(live, ConflictError) and "live.example.com" in str(live)
+        assert isinstance(held, ConflictError)
+        assert isinstance(renamed, ConflictError) and "rename in progress" in str(renamed)
+        for ok in (gone, free):  # (a DESTROYED instance's name is free)
+            assert not isinstance(ok, BaseException) and ok[1], ok

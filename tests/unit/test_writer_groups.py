@@ -77,11 +77,11 @@ async def test_a_group_whose_transaction_fails_is_retried_call_by_call(
         run_group = database.run_group
         left = [1]
 
-        async def flaky(fns: Sequence[Any], *, exclusive: bool = True) -> Any:
+        async def flaky(fns: Sequence[Any], *, exclusive: bool = True, savepoints: bool = False) -> Any:
             if left[0]:
                 left[0] -= 1
                 raise OperationalError("SELECT 1", {}, Exception("connection lost (injected)"))
-            return await run_group(fns, exclusive=exclusive)
+            return await run_group(fns, exclusive=exclusive, savepoints=savepoints)
 
         monkeypatch.setattr(database, "run_group", flaky)
         names = [f"b{i}" for i in range(10)]
@@ -95,15 +95,31 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-async def test_a_batch_alone_runs_without_a_savepoint_and_falls_back_call_by_call(db_url: str) -> None:
-    """A transaction holding one batch and nothing else runs its step without a savepoint; a
-    step that fails (here: it writes, then raises) leaves nothing, and every call then runs on
-    its own, each caller getting its own result."""
+async def test_batch_steps_run_without_savepoints_and_fall_back_to_them_then_call_by_call(
+    db_url: str,
+) -> None:
+    """Batch steps run without a savepoint (two round trips fewer a step), beside calls of their
+    own in savepoints. A step that fails (here: it writes, then raises) takes the transaction
+    with it, and the calls run again with a savepoint around each step; a step that fails
+    there too is rolled back alone and its calls run one by one. Nothing of a failed step is
+    kept, and each caller gets its own result."""
+    from sqlalchemy import event
+
     from synnefo_ganeti.store.db._batch import Batched
 
     async with Store(db_url) as store:
         backend_id = await store.ensure_backend("b1")
         steps: list[int] = []
+        failing = [0]  # how many of the next steps fail
+        savepoints: list[str] = []
+        engines = [e for e in (store._db.engine.sync_engine, store._db.sync_engine) if e is not None]
+
+        def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if statement.upper().startswith("SAVEPOINT"):
+                savepoints.append(statement)
+
+        for engine in engines:
+            event.listen(engine, "before_cursor_execute", seen)
 
         def add(message: str) -> Any:
             def run(conn: Connection) -> str:
@@ -119,28 +135,59 @@ async def test_a_batch_alone_runs_without_a_savepoint_and_falls_back_call_by_cal
         def many(conn: Connection, messages: list[str]) -> list[Any]:
             steps.append(len(messages))
             add("the step's own write, rolled back with it")(conn)
-            if len(steps) == 1:
-                raise RuntimeError("the first step fails (injected)")
+            if failing[0]:
+                failing[0] -= 1
+                raise RuntimeError("the step fails (injected)")
             for message in messages:
                 add(message)(conn)
             return [(True, f"batched {message}") for message in messages]
 
-        def call(message: str) -> Any:
-            return store._writer.call(add(message), batch=Batched(many, message))
+        def other(conn: Connection, messages: list[str]) -> list[Any]:
+            for message in messages:
+                add(message)(conn)
+            return [(True, f"other {message}") for message in messages]
 
-        outcomes = await asyncio.gather(*(call(f"m{i}") for i in range(6)))
-        assert steps and steps[0] >= 2, steps  # (queued together: one step for all)
-        assert outcomes == [f"alone m{i}" for i in range(6)]  # the first step failed: each alone
+        def call(message: str, kind: Any = many) -> Any:
+            return store._writer.call(add(message), batch=Batched(kind, message))
 
         def messages(conn: Connection) -> list[str]:
             return list(
                 conn.execute(select(backend_events_t.c.message).order_by(backend_events_t.c.id)).scalars()
             )
 
-        assert await store.call_read(messages) == [f"m{i}" for i in range(6)]
+        # two kinds and a call of its own, queued together: the steps have no savepoint
+        outcomes = await asyncio.gather(
+            *(call(f"a{i}") for i in range(3)),
+            *(call(f"o{i}", other) for i in range(2)),
+            store._writer.call(add("c")),
+        )
+        assert outcomes == [*(f"batched a{i}" for i in range(3)), "other o0", "other o1", "alone c"]
+        assert len(savepoints) == 1, savepoints  # (the call of its own's)
+
+        # a step that fails once: all again, the steps in savepoints; the second try succeeds
+        failing[0], steps[:] = 1, []
+        outcomes = await asyncio.gather(*(call(f"m{i}") for i in range(6)))
+        assert len(steps) == 2 and steps[0] >= 2, steps  # (queued together: one step for all, twice)
+        assert outcomes == [f"batched m{i}" for i in range(6)]
+
+        # a step that fails in both tries: rolled back alone, and each call on its own
+        failing[0], steps[:] = 2, []
         outcomes = await asyncio.gather(*(call(f"n{i}") for i in range(6)))
-        batched = [o for o in outcomes if o.startswith("batched")]
-        assert len(steps) >= 2 and batched, (steps, outcomes)  # the next step ran, without a savepoint
+        assert len(steps) == 2, steps
+        assert outcomes == [f"alone n{i}" for i in range(6)]
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", seen)
+        written = await store.call_read(messages)
+        own = "the step's own write, rolled back with it"
+        assert written.count(own) == 2, written  # the steps that succeeded: the first two rounds'
+        assert [m for m in written if m != own] == [
+            *(f"a{i}" for i in range(3)),
+            "o0",
+            "o1",
+            "c",
+            *(f"m{i}" for i in range(6)),
+            *(f"n{i}" for i in range(6)),
+        ], written
 
 
 async def test_calls_with_and_without_the_writers_lock_share_one_transaction(db_url: str) -> None:

@@ -9,10 +9,12 @@ savepoint, and see what the batch wrote, as if they had been queued after it. A 
 fails as a whole (a race its checks did not see: an integrity error) is rolled back and every
 one of its calls runs on its own.
 
-A transaction that holds one batch and nothing else (the common case: a burst of one kind)
-runs its step without a savepoint (two round trips fewer); if the step fails, the whole
-transaction is rolled back and :class:`_BatchFailed` tells the writer to run every call on its
-own, as a failed savepoint would have.
+The batch steps run without a savepoint first (a savepoint and its release are two round trips
+a step, and a batch step fails only on a race its checks did not see); if a step fails, the
+whole transaction is rolled back and :class:`_BatchFailed` tells the writer to run the calls
+again with a savepoint around each step (``savepoints=True``), where a failed step is rolled back
+alone and its calls run one by one, as described above. The calls that run on their own (no
+batch) always run in a savepoint: their refusals (a name taken) are expected answers.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ BatchKind = Callable[[Connection, list[Any]], list[Outcome | None]]
 
 
 class _BatchFailed(Exception):  # (a signal to the writer, never seen outside the store)
-    """A batch run without a savepoint failed: the transaction is rolled back; run each call alone."""
+    """A batch step run without a savepoint failed: the transaction is rolled back; run the
+    calls again with savepoints (see the module)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +66,13 @@ def in_savepoint(conn: Connection, fn: Callable[[Connection], Any]) -> Outcome:
 
 def grouped(
     calls: Sequence[tuple[Callable[[Connection], Any], Batched | None]],
+    *,
+    savepoints: bool = False,
 ) -> Callable[[Connection], list[Outcome]]:
     """One function running ``calls`` (each its own function, and its batch if any) in one
-    transaction: the batches first (a kind with two calls or more), then the rest in order."""
+    transaction: the batches first, then the rest in order. Without ``savepoints`` every batch
+    kind runs as a step, raising :class:`_BatchFailed` if one fails; with them, a kind with two
+    calls or more runs as a step in a savepoint (see the module)."""
 
     def run(conn: Connection) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(calls)
@@ -73,12 +80,11 @@ def grouped(
         for index, (_fn, batch) in enumerate(calls):
             if batch is not None:
                 kinds.setdefault(batch.kind, []).append(index)
-        alone = len(kinds) == 1 and len(next(iter(kinds.values()))) == len(calls)
         for kind, members in kinds.items():
-            if len(members) < 2:
+            if savepoints and len(members) < 2:
                 continue
             args = [batch.arg for _fn, batch in (calls[i] for i in members) if batch is not None]
-            if alone:  # nothing else in the transaction: no savepoint (see the module)
+            if not savepoints:  # no savepoint: a failure is the whole transaction's (see the module)
                 try:
                     ok, step = True, kind(conn, args)
                 except Exception as exc:

@@ -346,12 +346,14 @@ class Database:
         calls: Sequence[tuple[Callable[[Connection], Any], Batched | None]],
         *,
         exclusive: bool = True,
+        savepoints: bool = False,
     ) -> list[Outcome]:
         """Several callers' writes in one write transaction, one commit for all: each in a
-        savepoint, or a step of a set-based batch (:mod:`._batch`); per call ``(True, result)``
-        or ``(False, exception)``. Database trouble other than an integrity error ends the
-        transaction (raised, nothing written)."""
-        return await self.run_transaction(grouped(calls), exclusive=exclusive)
+        savepoint, or a step of a set-based batch (:mod:`._batch`, which says when a step has
+        a savepoint of its own); per call ``(True, result)`` or ``(False, exception)``.
+        Database trouble other than an integrity error ends the transaction (raised, nothing
+        written)."""
+        return await self.run_transaction(grouped(calls, savepoints=savepoints), exclusive=exclusive)
 
     def _transaction_in_thread(self, fn: Callable[[Connection], T]) -> T:
         assert self.sync_engine is not None

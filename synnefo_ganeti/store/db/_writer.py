@@ -281,10 +281,15 @@ class Writer:
             return
         for call in calls:
             call.started = True
+        group = [(call.fn, call.batch) for call in calls]
+        exclusive = any(call.exclusive for call in calls)
         try:
-            outcomes = await self.db.run_group(
-                [(call.fn, call.batch) for call in calls], exclusive=any(call.exclusive for call in calls)
-            )
+            try:
+                outcomes = await self.db.run_group(group, exclusive=exclusive)
+            except _BatchFailed:
+                # a batch step failed (a race its checks did not see): all again, each step in
+                # a savepoint of its own, where a failed one is rolled back alone (see ._batch)
+                outcomes = await self.db.run_group(group, exclusive=exclusive, savepoints=True)
         except (*_TRANSIENT, _BatchFailed):
             for call in calls:  # (the retries count and say what went wrong)
                 await self._call_with_retry(call)

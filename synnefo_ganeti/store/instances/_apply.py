@@ -11,6 +11,7 @@ from sqlalchemy import Connection, Table, bindparam, insert, select, update
 
 from synnefo_ganeti.jobs import JobStatus, JobSummary
 from synnefo_ganeti.store.db._any import any_of
+from synnefo_ganeti.store.db._many import execute_many
 from synnefo_ganeti.store.instances._column_changes import changed_columns, renamed
 from synnefo_ganeti.store.instances._instances import (
     InstanceAction,
@@ -114,9 +115,11 @@ def apply_final_jobs(
                     moved.setdefault(tuple(sorted(values)), []).append({**values, "b_row": row.instance_id})
                     changed += "updated_at" in values
             if applied:
-                conn.execute(_APPLIED, [{**one, "b_now": now} for one in applied])
+                execute_many(
+                    conn, _APPLIED, [{**one, "b_now": now} for one in applied], key=("b_backend", "b_job")
+                )
             for keys, values_of_rows in moved.items():
-                conn.execute(_instance_update(keys), values_of_rows)
+                execute_many(conn, _instance_update(keys), values_of_rows, key=("b_row",))
             creates = [
                 (row.job_id, summaries[row.job_id]) for row in rows if row.action == InstanceAction.CREATE
             ]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, bindparam, select, update
 
 from synnefo_ganeti.store.db._any import any_of
+from synnefo_ganeti.store.db._many import execute_many
 from synnefo_ganeti.store.instances._instances import InstanceStatus, instances_t
 
 if TYPE_CHECKING:
@@ -37,7 +38,9 @@ _CHUNK = 500
 _UPDATE = (
     update(instances_t)
     .where(instances_t.c.id == bindparam("row_id"))
-    .values({name: bindparam(f"new_{name}") for name in OBSERVED_FIELDS})
+    .values(
+        {**{name: bindparam(f"new_{name}") for name in OBSERVED_FIELDS}, "updated_at": bindparam("b_now")}
+    )
 )
 
 
@@ -86,11 +89,11 @@ def store_observed(
             # every observed column bound (the row's own value where Ganeti said nothing): one
             # statement for all the changed rows of the chunk
             updates.append(
-                {"row_id": row.id}
+                {"row_id": row.id, "b_now": now}
                 | {f"new_{key}": seen.get(key, getattr(row, key)) for key in OBSERVED_FIELDS}
             )
         if updates:
-            conn.execute(_UPDATE.values(updated_at=now), updates)
+            execute_many(conn, _UPDATE, updates, key=("row_id",))
             changed += len(updates)
     return changed
 

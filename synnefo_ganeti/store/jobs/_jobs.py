@@ -27,6 +27,7 @@ from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.db._copy import insert_rows
 from synnefo_ganeti.store.db._engine import NOTIFY_CHANNEL, Database
 from synnefo_ganeti.store.db._locks import lock_keys
+from synnefo_ganeti.store.db._many import execute_many
 from synnefo_ganeti.store.db._writer import BatchResult
 from synnefo_ganeti.store.jobs._models import JobVersion, PruneResult, StoredJob, StoredOp
 from synnefo_ganeti.store.jobs._rows import Job, JobEventRow
@@ -247,11 +248,11 @@ def apply_versions(
             elif archived and not was_archived and row is not None:
                 archive_only.append({"b_backend_id": backend_id, "b_job_id": job_id, "archived": True})
     if inserts:
-        conn.execute(_INSERT_JOB, inserts)
+        execute_many(conn, _INSERT_JOB, inserts)
     if updates:
-        conn.execute(_UPDATE_JOB, updates)
+        execute_many(conn, _UPDATE_JOB, updates, key=("b_backend_id", "b_job_id"))
     if archive_only:
-        conn.execute(_ARCHIVE_JOB, archive_only)
+        execute_many(conn, _ARCHIVE_JOB, archive_only, key=("b_backend_id", "b_job_id"))
     if event_rows:
         insert_rows(conn, events_t, _EVENT_COLUMNS, event_rows)
         if notify:

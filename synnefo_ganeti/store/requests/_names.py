@@ -81,17 +81,23 @@ def check_name_free(
 
 #: the rename jobs recorded and not applied yet, with their instances (built once: read by
 #: every batch of new requests, its cache key cost more than running it)
-_RENAMING = (
-    select(
-        instance_jobs_t.c.job_id,
-        instance_jobs_t.c.params,
-        instances_t.c.uuid,
-        instances_t.c.name.label("old"),
-        backends_t.c.name.label("backend"),
+def renames_in_progress(*columns: Any) -> Any:
+    """``columns`` of the rename jobs recorded and not applied yet, with their instance and backend."""
+    return (
+        select(*columns)
+        .select_from(instance_jobs_t)
+        .join(instances_t, instances_t.c.id == instance_jobs_t.c.instance_id)
+        .join(backends_t, backends_t.c.id == instance_jobs_t.c.backend_id)
+        .where(text(RENAMING))  # spelled as the partial index's condition: SQLite uses it then
     )
-    .join(instances_t, instances_t.c.id == instance_jobs_t.c.instance_id)
-    .join(backends_t, backends_t.c.id == instance_jobs_t.c.backend_id)
-    .where(text(RENAMING))  # spelled as the partial index's condition: SQLite uses it then
+
+
+_RENAMING = renames_in_progress(
+    instance_jobs_t.c.job_id,
+    instance_jobs_t.c.params,
+    instances_t.c.uuid,
+    instances_t.c.name.label("old"),
+    backends_t.c.name.label("backend"),
 )
 
 

@@ -18,13 +18,27 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, select, union_all, update
+from sqlalchemy import (
+    JSON,
+    String,
+    bindparam,
+    cast,
+    delete,
+    func,
+    insert,
+    literal_column,
+    null,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.engine import Connection
 
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.db._batch import Outcome
 from synnefo_ganeti.store.db._locks import lock_keys
+from synnefo_ganeti.store.db._many import execute_many
 from synnefo_ganeti.store.instances._instances import (
     InstanceAction,
     InstanceStatus,
@@ -34,7 +48,7 @@ from synnefo_ganeti.store.instances._instances import (
 )
 from synnefo_ganeti.store.instances._outcomes import task_of
 from synnefo_ganeti.store.instances._recorded import notify_job_recorded
-from synnefo_ganeti.store.requests._names import renaming_to
+from synnefo_ganeti.store.requests._names import name_key, renames_in_progress
 from synnefo_ganeti.store.requests._requests import (
     Request,
     RequestStatus,
@@ -84,21 +98,34 @@ _REQUESTS = select_requests().where(any_of(requests_t.c.id, "b_ids"))
 _HOLDERS = select(requests_t.c.id, requests_t.c.name, requests_t.c.status).where(
     any_of(func.lower(requests_t.c.name), "b_names")
 )
-# the batch's ids already taken and the requests of its names, in one read (two arms, not an OR:
-# each takes its own index, the primary key and ix_requests_name_lower)
-_EXISTING_OR_HOLDING = union_all(
-    select(requests_t.c.id, requests_t.c.name, requests_t.c.status).where(any_of(requests_t.c.id, "b_ids")),
-    select(requests_t.c.id, requests_t.c.name, requests_t.c.status).where(
-        any_of(func.lower(requests_t.c.name), "b_names")
+# What a batch of new requests checks, in one read (one round trip, not three): the batch's ids
+# already taken and the requests of its names (two arms, not an OR: each takes its own index, the
+# primary key and ix_requests_name_lower), the instances of its names (by name alone, DESTROYED
+# ones left out in Python: see _NAMED) and the renames in progress (their new names, as
+# renaming_to reads them: the few in flight, by the partial index)
+_NO_ID = cast(null(), String)
+_NO_PARAMS = cast(null(), JSON)
+_ADD_CHECKS = union_all(
+    select(
+        literal_column("'id'").label("kind"),
+        requests_t.c.id,
+        requests_t.c.name,
+        requests_t.c.status,
+        _NO_PARAMS.label("params"),
+    ).where(any_of(requests_t.c.id, "b_ids")),
+    select(
+        literal_column("'request'"), requests_t.c.id, requests_t.c.name, requests_t.c.status, _NO_PARAMS
+    ).where(any_of(func.lower(requests_t.c.name), "b_names")),
+    select(literal_column("'instance'"), _NO_ID, instances_t.c.name, instances_t.c.status, _NO_PARAMS).where(
+        any_of(func.lower(instances_t.c.name), "b_names")
     ),
+    renames_in_progress(literal_column("'rename'"), _NO_ID, _NO_ID, _NO_ID, instance_jobs_t.c.params),
 )
 # a new request's row as the insert wrote it (its server defaults included): no read after it
 _INSERT_RETURNING = insert(requests_t).returning(*requests_t.c, sort_by_parameter_order=True)
-# the instances of these names, DESTROYED ones too (left out here, not in SQL: with the status
-# in the query PostgreSQL may read the whole partial index of live names instead of the names')
-_NAMES_STATUS = select(instances_t.c.name, instances_t.c.status).where(
-    any_of(func.lower(instances_t.c.name), "b_names")
-)
+# the instances of these names, DESTROYED ones too (left out in Python, not in SQL: with the
+# status in the query PostgreSQL may read the whole partial index of live names instead of the
+# names')
 _NAMED = select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name, instances_t.c.status).where(
     any_of(func.lower(instances_t.c.name), "b_names")
 )
@@ -111,6 +138,44 @@ _RECORDED = select(instance_jobs_t.c.backend_id, instance_jobs_t.c.job_id).where
 )
 _STORED = select(jobs_t.c.backend_id, jobs_t.c.job_id, jobs_t.c.status).where(
     any_of(jobs_t.c.backend_id, "b_backends"), any_of(jobs_t.c.job_id, "b_jobs")
+)
+
+
+# the batch's writes (each one statement for the batch on PostgreSQL: store/db/_many.py)
+_INSERT_INSTANCE = insert(instances_t)
+_INSERT_INSTANCE_JOB = insert(instance_jobs_t)
+_PLACED = (
+    update(requests_t)
+    .where(requests_t.c.id == bindparam("b_id"))
+    .values(
+        backend_id=bindparam("b_backend"),
+        attempts=requests_t.c.attempts + 1,
+        updated_at=bindparam("b_now"),
+        instance_uuid=bindparam("b_uuid"),
+        waiting_reason=None,
+    )
+)
+_SUBMITTED = (
+    update(requests_t)
+    .where(requests_t.c.id == bindparam("b_id"), requests_t.c.status == RequestStatus.PENDING.value)
+    .values(
+        status=RequestStatus.SUBMITTED.value,
+        job_id=bindparam("b_job"),
+        error=None,
+        submitted_at=bindparam("b_now"),
+        updated_at=bindparam("b_now"),
+        claimed_by=None,
+    )
+)
+_CREATING = (
+    update(instances_t)
+    .where(instances_t.c.id == bindparam("b_row"))
+    .values(
+        task=task_of(InstanceAction.CREATE.value),
+        task_job_id=bindparam("b_job"),
+        create_job_id=bindparam("b_job"),
+        updated_at=bindparam("b_now"),
+    )
 )
 
 
@@ -137,17 +202,21 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
     ids, wanted = {i.request_id for i in items}, set(lowered)
     existing: set[str] = set()
     holders: dict[str, set[str]] = defaultdict(set)
-    for row in conn.execute(_EXISTING_OR_HOLDING, {"b_ids": sorted(ids), "b_names": lowered}):
-        if row.id in ids:
+    live: set[str] = set()  # names of instances not DESTROYED (lowered)
+    renamed: set[str] = set()  # names a rename in progress takes (lowered)
+    for row in conn.execute(_ADD_CHECKS, {"b_ids": sorted(ids), "b_names": lowered}):
+        if row.kind == "id":
             existing.add(row.id)
-        if row.status in _OPEN and row.name.lower() in wanted:
-            holders[row.name.lower()].add(row.id)
-    live = {
-        row.name.lower()
-        for row in conn.execute(_NAMES_STATUS, {"b_names": lowered})
-        if row.status != _DESTROYED
-    }
-    renamed = renaming_to(conn, names)  # names a rename in progress takes (lowered)
+        elif row.kind == "request":
+            if row.status in _OPEN and row.name.lower() in wanted:
+                holders[row.name.lower()].add(row.id)
+        elif row.kind == "instance":
+            if row.status != _DESTROYED:
+                live.add(row.name.lower())
+        else:
+            new_name = (row.params or {}).get("new_name")
+            if isinstance(new_name, str) and name_key(new_name) in wanted:
+                renamed.add(name_key(new_name))
     fast: list[tuple[int, AddArgs]] = []
     taken: set[str] = set()  # (every set here holds names lowered: a name is one whatever its case)
     for index, item in enumerate(items):
@@ -257,17 +326,10 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
         }
         by_keys[frozenset(values)].append(values)
     for rows_of_keys in by_keys.values():
-        conn.execute(insert(instances_t), rows_of_keys)
-    conn.execute(
-        update(requests_t)
-        .where(requests_t.c.id == bindparam("b_id"))
-        .values(
-            backend_id=bindparam("b_backend"),
-            attempts=requests_t.c.attempts + 1,
-            updated_at=bindparam("b_now"),
-            instance_uuid=bindparam("b_uuid"),
-            waiting_reason=None,
-        ),
+        execute_many(conn, _INSERT_INSTANCE, rows_of_keys)
+    execute_many(
+        conn,
+        _PLACED,
         [
             {
                 "b_id": item.request_id,
@@ -277,6 +339,7 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
             }
             for _, item, _ in fast
         ],
+        key=("b_id",),
     )
     placed = _requests(conn, new_ids)
     for index, item, _ in fast:
@@ -330,21 +393,15 @@ def submitted_many(conn: Connection, items: list[SubmittedArgs]) -> list[Outcome
     if not fast:
         return outcomes
     now = datetime.now(UTC)
-    conn.execute(
-        update(requests_t)
-        .where(requests_t.c.id == bindparam("b_id"), requests_t.c.status == RequestStatus.PENDING.value)
-        .values(
-            status=RequestStatus.SUBMITTED.value,
-            job_id=bindparam("b_job"),
-            error=None,
-            submitted_at=bindparam("b_now"),
-            updated_at=bindparam("b_now"),
-            claimed_by=None,
-        ),
+    execute_many(
+        conn,
+        _SUBMITTED,
         [{"b_id": item.request_id, "b_job": item.job_id, "b_now": now} for _, item, _, _ in fast],
+        key=("b_id",),
     )
-    conn.execute(
-        insert(instance_jobs_t),
+    execute_many(
+        conn,
+        _INSERT_INSTANCE_JOB,
         [
             {
                 "backend_id": row.backend_id,
@@ -359,16 +416,11 @@ def submitted_many(conn: Connection, items: list[SubmittedArgs]) -> list[Outcome
         ],
     )
     # the create is in progress until its job's end is applied (store/instances/_outcomes.py)
-    conn.execute(
-        update(instances_t)
-        .where(instances_t.c.id == bindparam("b_row"))
-        .values(
-            task=task_of(InstanceAction.CREATE.value),
-            task_job_id=bindparam("b_job"),
-            create_job_id=bindparam("b_job"),
-            updated_at=bindparam("b_now"),
-        ),
+    execute_many(
+        conn,
+        _CREATING,
         [{"b_row": instance_row, "b_job": item.job_id, "b_now": now} for _, item, _, instance_row in fast],
+        key=("b_row",),
     )
     for backend in sorted({row.backend for _, _, row, _ in fast}):
         notify_job_recorded(conn, backend)  # the dispatcher follows them (backends without a watcher)

@@ -19,6 +19,7 @@ from sqlalchemy import Connection, bindparam, delete, select, update
 
 from synnefo_ganeti.jobs import JobStatus, JobSummary
 from synnefo_ganeti.store.db._any import any_of
+from synnefo_ganeti.store.db._many import execute_many
 from synnefo_ganeti.store.instances._node_errors import is_node_error, named_node
 from synnefo_ganeti.store.requests._requests import (
     RequestStatus,
@@ -193,9 +194,9 @@ def settle_requests(
             continue
         failed.append({"b_id": row.id, "b_error": error, "b_now": now, "b_attempts": attempts})
     if ended:
-        conn.execute(_ENDED, ended)
+        execute_many(conn, _ENDED, ended, key=("b_id",))
     if failed:
-        conn.execute(_FAILED, failed)
+        execute_many(conn, _FAILED, failed, key=("b_id",))
     return len(rows)
 
 
