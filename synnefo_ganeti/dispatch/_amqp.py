@@ -107,6 +107,37 @@ async def close_quietly(connection: AbstractConnection | None, what: str) -> Non
         log.debug("%s: closing: %s", what, exc)
 
 
+class BrokerLink:
+    """A connection to the broker and its confirm-mode channel, ``exchange`` declared: opened
+    when first needed and again after it was lost or closed (both publishers' link)."""
+
+    def __init__(self, url: str, exchange: str, timeout: float, what: str) -> None:
+        self._url = url
+        self.exchange = exchange
+        self.timeout = timeout
+        self.what = what  # (its logs' prefix: the URL without its password)
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._channel is not None
+
+    async def channel(self) -> AbstractChannel:
+        """The channel, connecting first if need be."""
+        if self._channel is not None and not self._channel.is_closed:
+            return self._channel
+        await self.close()
+        self._connection, self._channel = await open_channel(self._url, self.exchange, self.timeout)
+        log.info("%s: connected; publishing to exchange %s", self.what, self.exchange)
+        return self._channel
+
+    async def close(self) -> None:
+        """Close the connection (if any); the next publish connects again."""
+        connection, self._connection, self._channel = self._connection, None, None
+        await close_quietly(connection, self.what)
+
+
 class _Lock(Protocol):
     async def try_deliver(self, name: str = ...) -> bool: ...
     async def done_delivering(self, name: str = ...) -> None: ...
@@ -158,8 +189,7 @@ class AmqpPublisher:
         self.timeout = settings.timeout
         self.retry_max = settings.retry_max
         self._lock = lock
-        self._connection: AbstractConnection | None = None
-        self._channel: AbstractChannel | None = None
+        self._link = BrokerLink(self._url, self.exchange_name, self.timeout, f"amqp {self.display_url}")
         #: the last change id known confirmed (by this publisher or another)
         self.cursor = 0
         self.published = 0  # changes confirmed by the broker (a change again after a failure counts again)
@@ -168,7 +198,7 @@ class AmqpPublisher:
 
     def __repr__(self) -> str:
         state = "failing" if self.failing_since is not None else "ok"
-        link = "connected" if self._channel is not None else "not connected"
+        link = "connected" if self._link.connected else "not connected"
         return (
             f"<AmqpPublisher {self.display_url} exchange {self.exchange_name} after change {self.cursor}: "
             f"{self.published} published, {self.failures} failures, {link}, {state}>"
@@ -294,15 +324,8 @@ class AmqpPublisher:
 
     async def _open(self) -> AbstractChannel:
         """The channel (in confirm mode, the exchange declared), connecting first if need be."""
-        if self._channel is not None and not self._channel.is_closed:
-            return self._channel
-        await self.close()
-        connection, channel = await open_channel(self._url, self.exchange_name, self.timeout)
-        self._connection, self._channel = connection, channel
-        log.info("amqp %s: connected; publishing to exchange %s", self.display_url, self.exchange_name)
-        return channel
+        return await self._link.channel()
 
     async def close(self) -> None:
         """Close the connection (if any); the next publish connects again."""
-        connection, self._connection, self._channel = self._connection, None, None
-        await close_quietly(connection, f"amqp {self.display_url}")
+        await self._link.close()

@@ -79,12 +79,12 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti._backoff import Backoff
 from synnefo_ganeti.config._notify import mask_url
 from synnefo_ganeti.config._synnefo import DEFAULT_EVENTD_EXCHANGE, DEFAULT_MAX_PENDING
-from synnefo_ganeti.dispatch._amqp import _BROKER_ERRORS, close_quietly, open_channel
+from synnefo_ganeti.dispatch._amqp import _BROKER_ERRORS, BrokerLink
 from synnefo_ganeti.jobs import JobSummary
 from synnefo_ganeti.watch import EventdMessage, InstanceInfo, eventd_messages, instances_needing_info
 
 if TYPE_CHECKING:
-    from aio_pika.abc import AbstractChannel, AbstractConnection
+    from aio_pika.abc import AbstractChannel
 
     from synnefo_ganeti.store import JobVersion
 
@@ -196,8 +196,7 @@ class EventdPublisher:
         self._outbox: collections.deque[EventdMessage] = collections.deque()
         self._seen: collections.OrderedDict[int, JobSummary] = collections.OrderedDict()
         self._wake = asyncio.Event()
-        self._connection: AbstractConnection | None = None
-        self._channel: AbstractChannel | None = None
+        self._link = BrokerLink(url, exchange, timeout, f"eventd amqp {self.display_url}")
         self.is_master = False
         self.read = 0  # versions handed in
         self.dropped = 0  # versions dropped (not the master, archived)
@@ -213,7 +212,7 @@ class EventdPublisher:
 
     def __repr__(self) -> str:
         role = "master" if self.is_master else "not master"
-        link = "connected" if self._channel is not None else "not connected"
+        link = "connected" if self._link.connected else "not connected"
         state = "failing" if self.failing_since is not None else "ok"
         full = f", full at {self.max_pending} ({self.deferred} deferred)" if self.full else ""
         return (
@@ -452,14 +451,7 @@ class EventdPublisher:
         await asyncio.sleep(delay)
 
     async def _open(self) -> AbstractChannel:
-        if self._channel is not None and not self._channel.is_closed:
-            return self._channel
-        await self.close()
-        connection, channel = await open_channel(self._url, self.exchange_name, self.timeout)
-        self._connection, self._channel = connection, channel
-        log.info("eventd amqp %s: connected; publishing to exchange %s", self.display_url, self.exchange_name)
-        return channel
+        return await self._link.channel()
 
     async def close(self) -> None:
-        connection, self._connection, self._channel = self._connection, None, None
-        await close_quietly(connection, f"eventd amqp {self.display_url}")
+        await self._link.close()
