@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -38,7 +39,11 @@ async def database(db: str, folder: str) -> AsyncIterator[str]:
         # every statement of this database in PostgreSQL's log, with its time (see
         # benchmarks/_pg_log.py): for finding where PostgreSQL's time goes, not for figures
         await _pg_admin(f'ALTER DATABASE "{name}" SET log_min_duration_statement = 0')
+    keep = bool(os.environ.get("SYNNEFO_GANETI_BENCH_KEEP_DB"))
     try:
         yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     finally:
-        await _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if keep:  # for reading a run's rows after it (drop it yourself)
+            print(f"[benchmark] database {name} kept (SYNNEFO_GANETI_BENCH_KEEP_DB)", file=sys.stderr)
+        else:
+            await _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

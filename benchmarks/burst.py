@@ -19,7 +19,9 @@ One JSON line per run (progress on stderr):
   create job recorded (``submitted_at``); ``succeeded_per_s`` likewise to the last end;
 * ``p50_submit_ms``/``p99_submit_ms``: a request written -> its create job recorded;
 * ``p99_end_to_feed_ms``: the fake's ``end_ts`` of the create job -> the request's end came out
-  of ``cp.changes()`` here (both clocks this machine's);
+  of ``cp.changes()`` here (both clocks this machine's); ``end_path_ms``: that path's legs,
+  [p50, p99] ms each: ``stored`` (-> the job's end stored: its final event's ``stored_at``),
+  ``settled`` (-> the request's end written: its change's ``at``), ``feed`` (-> read here);
 * ``duplicates`` (an instance created twice) and ``lost`` (a request not succeeded, or its
   instance missing from the fake), from the fake's own state at the end;
 * ``cpu_ms_per_request``: CPU (user + system, from ``/proc``, ``benchmarks/_cpu.py``) from the
@@ -212,6 +214,7 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
                 world["url"], username=world["username"], password=world["password"]
             ) as client:
                 instances, jobs = await asyncio.gather(client.list_instances(), client.list_jobs())
+            stored_at, settled_at = await store.call_read(end_marks)
     ours = set(request_ids)
     requests = [r for r in requests if r.id in ours]
     end_of = {job.id: job.end_ts.as_float for job in jobs if job.end_ts is not None}
@@ -228,6 +231,7 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
         for r in requests
         if r.job_id in end_of and r.id in ended_at
     )
+    path = end_path(requests, end_of, stored_at, settled_at, ended_at)
     first = min(r.created_at for r in requests).timestamp()
     submitted = [r.submitted_at.timestamp() for r in requests if r.submitted_at is not None]
     finished = [
@@ -244,11 +248,71 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
         "p50_submit_ms": round(statistics.median(submit_ms), 1) if submit_ms else None,
         "p99_submit_ms": round(percentile(submit_ms, 0.99), 1) if submit_ms else None,
         "p99_end_to_feed_ms": round(percentile(to_feed_ms, 0.99), 1) if to_feed_ms else None,
+        "end_path_ms": path,
         "duplicates": duplicates,
         "lost": lost,
         "db": args.db,
         "history": args.history,
         **cpu_fields(cpu_s, args.requests, no_postgres, in_process=db_url.startswith("sqlite")),
+    }
+
+
+def end_marks(conn: Any) -> tuple[dict[tuple[int, int], float], dict[str, float]]:
+    """From the store: when each job's end was stored (its first final ``job_status`` event's
+    ``stored_at``, stamped as the writer's transaction of versions begins), by (backend id, job
+    id); and when each request's end was written (its first final change's ``at``, the change
+    trigger's clock), by request id."""
+    from sqlalchemy import func, select
+
+    from synnefo_ganeti.store.changes._changes import changes_t
+    from synnefo_ganeti.store.jobs._jobs import events_t
+
+    final = ("success", "error", "canceled")
+    stored = {
+        (row.backend_id, row.job_id): row.at.timestamp()
+        for row in conn.execute(
+            select(events_t.c.backend_id, events_t.c.job_id, func.min(events_t.c.stored_at).label("at"))
+            .where(events_t.c.kind == "job_status", events_t.c.status.in_(final))
+            .group_by(events_t.c.backend_id, events_t.c.job_id)
+        )
+    }
+    settled = {
+        row.key: row.at
+        for row in conn.execute(
+            select(changes_t.c.key, func.min(changes_t.c.at).label("at"))
+            .where(changes_t.c.kind == "request", changes_t.c.status.in_(("succeeded", "failed", "canceled")))
+            .group_by(changes_t.c.key)
+        )
+    }
+    return stored, settled
+
+
+def end_path(
+    requests: list[Any],
+    end_of: dict[int, float],
+    stored_at: dict[tuple[int, int], float],
+    settled_at: dict[str, float],
+    ended_at: dict[str, float],
+) -> dict[str, list[float]] | None:
+    """Where a create's end waits on its way to the feed, [p50, p99] ms of each leg: ``stored``
+    (the fake's end -> the end stored by the dispatcher's writer), ``settled`` (-> the request's
+    end written, in the same transaction or a later one), ``feed`` (-> read from the feed here)."""
+    legs: dict[str, list[float]] = {"stored": [], "settled": [], "feed": []}
+    backend_ids = {key[0] for key in stored_at}
+    for request in requests:
+        end = end_of.get(request.job_id)
+        stored = [stored_at[(b, request.job_id)] for b in backend_ids if (b, request.job_id) in stored_at]
+        settled, seen = settled_at.get(request.id), ended_at.get(request.id)
+        if end is None or len(stored) != 1 or settled is None or seen is None:
+            continue
+        legs["stored"].append((stored[0] - end) * 1000)
+        legs["settled"].append((settled - stored[0]) * 1000)
+        legs["feed"].append((seen - settled) * 1000)
+    if not legs["stored"]:
+        return None
+    return {
+        leg: [round(percentile(sorted(values), 0.5), 1), round(percentile(sorted(values), 0.99), 1)]
+        for leg, values in legs.items()
     }
 
 

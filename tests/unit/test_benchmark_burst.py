@@ -33,6 +33,10 @@ def test_one_then_two_dispatchers_side_by_side(postgres_available: None) -> None
         assert all(isinstance(cpu[k], float | int) and cpu[k] > 0 for k in ("dispatchers", "api", "fake")), (
             cpu
         )
+        # the end's way to the feed, leg by leg: each leg's [p50, p99], in order on one clock
+        path = run["end_path_ms"]
+        assert set(path) == {"stored", "settled", "feed"}, path
+        assert all(0 <= p50 <= p99 for p50, p99 in path.values()), path
         ratio = (cpu["dispatchers"] + cpu["api"] + (cpu["postgresql"] or 0)) / cpu["fake"]
         assert run["control_cpu_ratio"] == pytest.approx(ratio, rel=0.02), run
     assert scale["benchmark"] == "burst-scale"
