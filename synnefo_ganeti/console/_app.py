@@ -178,7 +178,7 @@ class Console:
         if self._cp is None:
             self._cp = ControlPlane(self.settings, store=self._given_store)
             await self._cp.open()
-        self.hub.start()
+        await self.hub.start()
         self._capacity_task = asyncio.create_task(self.capacity.run(), name="console node stats")
 
     async def _shutdown(self, app: web.Application) -> None:

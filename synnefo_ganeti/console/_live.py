@@ -97,7 +97,7 @@ class Subscriber:
 
 
 class Hub:
-    """``hub.start()``; ``async with hub.subscribe(topics) as sub``; ``await hub.stop()``."""
+    """``await hub.start()``; ``async with hub.subscribe(topics) as sub``; ``await hub.stop()``."""
 
     def __init__(
         self,
@@ -118,6 +118,11 @@ class Hub:
         self._dirty: set[Dirty] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # where the readers are: taken when the hub starts (so that nothing committed after start()
+        # returns is missed, however late the readers' tasks first run) and kept across a retry
+        self._change_cursor: int | None = None
+        self._event_cursor: int | datetime = datetime.now(UTC)
+        self.retry_pause = 2.0  # after a failed read of the feed
         self.renders = 0  # how many times a batch was rendered (tests read it)
         self.changes_seen = 0
         self.events_seen = 0
@@ -135,9 +140,18 @@ class Hub:
     def topics(self) -> frozenset[str]:
         return frozenset(topic for sub in self._subscribers for topic in sub.topics)
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Take the feeds' positions now, then follow them: every change and job event committed
+        after this returns is marked (a database that cannot answer: from when it can)."""
         if self._tasks:
             return
+        self._event_cursor = datetime.now(UTC)
+        try:
+            self._change_cursor = await self._store().last_change_id()
+        except GanetiError as exc:
+            log.warning(
+                "console: reading the change feed's position failed (%s); following it from later", exc
+            )
         self._tasks = [
             asyncio.create_task(self._follow_changes(), name="console changes"),
             asyncio.create_task(self._follow_events(), name="console job events"),
@@ -191,33 +205,43 @@ class Hub:
             self._subscribers.discard(sub)
 
     async def _follow_changes(self) -> None:
-        while True:
+        while True:  # after a failure, on from the last change seen: none is lost
             try:
-                async with contextlib.aclosing(self._store().changes()) as feed:
+                async with contextlib.aclosing(self._store().changes(self._change_cursor)) as feed:
                     async for change in feed:
+                        self._change_cursor = change.id
                         self.changes_seen += 1
                         self.mark((change.kind, change.key))
             except GanetiError as exc:  # the database could not: try again, the pages stay as they are
-                log.warning("console: reading the change feed failed (%s); trying again in 2 s", exc)
-                await asyncio.sleep(2.0)
+                log.warning(
+                    "console: reading the change feed failed (%s); trying again in %s s",
+                    exc,
+                    self.retry_pause,
+                )
+                await asyncio.sleep(self.retry_pause)
             except Exception:  # a bug: logged with its traceback; live updates go on after it
-                log.exception("console: following the change feed failed; trying again in 2 s")
-                await asyncio.sleep(2.0)
+                log.exception(
+                    "console: following the change feed failed; trying again in %s s", self.retry_pause
+                )
+                await asyncio.sleep(self.retry_pause)
 
     async def _follow_events(self) -> None:
-        since: int | datetime = datetime.now(UTC)
         while True:
             try:
-                async for event in self._store().events(since):
-                    since = event.id
+                async for event in self._store().events(self._event_cursor):
+                    self._event_cursor = event.id
                     self.events_seen += 1
                     self.mark(("job", f"{event.backend}:{event.job_id}"))
             except GanetiError as exc:
-                log.warning("console: reading the job events failed (%s); trying again in 2 s", exc)
-                await asyncio.sleep(2.0)
+                log.warning(
+                    "console: reading the job events failed (%s); trying again in %s s", exc, self.retry_pause
+                )
+                await asyncio.sleep(self.retry_pause)
             except Exception:
-                log.exception("console: following the job events failed; trying again in 2 s")
-                await asyncio.sleep(2.0)
+                log.exception(
+                    "console: following the job events failed; trying again in %s s", self.retry_pause
+                )
+                await asyncio.sleep(self.retry_pause)
 
     async def _flush_loop(self) -> None:
         while True:
