@@ -7,7 +7,8 @@ Design. A submitted create's reservation is released when the writer stores its 
 end, and its room would stay "pending" for good: placement then waits on room only phantom
 reservations hold, and requests fail after ``placement_timeout`` with "no room ... pending".
 So every :data:`SWEEP_INTERVAL` seconds the submit loop sweeps the reservations older than
-:data:`SWEEP_AFTER`:
+:data:`SWEEP_AFTER` (counted from when the request's submit, naming its job, was stored: before,
+the request reads as still placed, and its running create's room must not be given back):
 
 * the request ended or went elsewhere meanwhile (the reconciler or another process settled
   it): the reservation is given back;
@@ -76,10 +77,10 @@ class ReservationSweep(Recovery):
     async def _sweep_reservations(self) -> int:
         """One sweep (see the module); returns how many reservations were given back."""
         now = time.monotonic()
-        due = [
+        due = [  # (one whose submit is not stored yet has no time here: never due)
             (key, request_id)
             for key, request_id in self._job_requests.items()
-            if now - self._submitted_at.get(key, now) >= SWEEP_AFTER
+            if (at := self._submitted_at.get(key)) is not None and now - at >= SWEEP_AFTER
         ]
         given_back = 0
         waiting: dict[str, list[tuple[int, str]]] = {}

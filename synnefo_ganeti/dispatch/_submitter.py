@@ -348,9 +348,15 @@ class Submitter(ReservationSweep):
             # its watcher reads only its own jobs' files: it may have dropped this one's first
             # version, written before its id came back
             entry.watcher.look_at(job_id)
-        self._submitted_at[(name, job_id)] = time.monotonic()
         self.allocator.submitted(reservation)
-        recorded = await self.store.submitted_request(request.id, job_id, start=spec.start)
+        try:
+            recorded = await self.store.submitted_request(request.id, job_id, start=spec.start)
+        finally:
+            # the reservation sweep's clock starts once the request names its job in the store (or
+            # that write failed): a sweep before would read the request still placed, with no job,
+            # and give back the room of a create that runs (_reservations.py)
+            if (name, job_id) in self._job_requests:
+                self._submitted_at[(name, job_id)] = time.monotonic()
         self.stats.submitted += 1
         metrics.SUBMISSIONS.labels(name, "ok").inc()
         metrics.REQUESTS.labels("submitted").inc()

@@ -37,8 +37,12 @@ async def test_seed_scenario_every_create_once_and_placement_beats_the_default()
     assert figures["limit_s"] == pytest.approx(2 * 0.2 + 0.4)  # ceil(28 / 14) x 0.2 + 0.4
     best = min(figures[f"makespan_{mode}_s"] for mode in ("ganeti", "opportunistic", "pnode"))
     assert figures["ratio_to_limit_best"] == pytest.approx(best / figures["limit_s"], abs=1e-3)
-    # the default iallocator locks every node: 14 locked phases one after another per cluster
+    # the default iallocator locks every node: a cluster's 14 locked phases one after another, then
+    # the last one's unlocked phase; a loaded machine only makes that longer (a floor, not a timing)
+    assert figures["makespan_ganeti_s"] >= 0.99 * (14 * 0.2 + 0.4)  # (0.99: the clocks' rounding)
+    # the dispatcher's pnode locks one node a create: the phases overlap, far below that floor
     assert figures["makespan_pnode_s"] < figures["makespan_ganeti_s"]
-    assert figures["makespan_opportunistic_s"] < figures["makespan_ganeti_s"]
+    # (opportunistic locking's gain at this small run's scale is a timing: 15 % on a quiet machine,
+    # none in a loaded CI run; the benchmark reports it, docs/benchmarks.md has full-scale figures)
     for mode in ("ganeti", "opportunistic", "pnode"):
         assert sum(figures["placed"][mode].values()) == 28

@@ -5,16 +5,19 @@ instead of holding it "pending" for ever."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 from yarl import URL
 
 from synnefo_ganeti import ControlPlane, RapiClient
 from synnefo_ganeti.dispatch import Dispatcher, _reservations
 from synnefo_ganeti.metrics import RESERVATIONS_RECLAIMED
-from synnefo_ganeti.store import RequestStatus, Store
+from synnefo_ganeti.store import Request, RequestStatus, Store
 from synnefo_ganeti.testing import FakeGaneti
 from tests._fault_runs import QUICK
-from tests.helpers import eventually, spec
+from tests.helpers import WAIT, eventually, spec
 from tests.unit.test_dispatcher import backend, creates, fakes, running, settings_for
 
 
@@ -61,6 +64,41 @@ async def test_a_reservation_whose_job_still_runs_is_kept(
             await eventually(lambda: _submitted(store, request_id), what="the request submitted")
             swept = await d._sweep_reservations()  # what the loop runs; nothing to give back
             assert swept == 0 and d.allocator.pending("f1").count == 1
+
+
+async def test_a_reservation_is_kept_while_its_submit_is_being_stored(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ganeti took the create, and the request's submit (naming its job) is not stored yet: the
+    request still reads as placed, with no job. A sweep then keeps the reservation (CI once saw
+    one given back: the store's write came later than a short SWEEP_AFTER on a loaded machine)."""
+    monkeypatch.setattr(_reservations, "SWEEP_AFTER", 0.0)
+    monkeypatch.setattr(_reservations, "SWEEP_INTERVAL", 3600.0)  # only this test's own sweeps
+    async with fakes(1, op_times=QUICK | {"OP_INSTANCE_CREATE": 600.0}) as (f1,):
+        settings = settings_for(db_url, [backend("f1", f1)])
+        async with (
+            Store(db_url) as store,
+            ControlPlane(settings, store=store) as cp,
+            running(Dispatcher(settings, store=store, status_server=False)) as d,
+        ):
+            storing, release = asyncio.Event(), asyncio.Event()
+            submitted_request = store.submitted_request
+
+            async def held(request_id: str, job_id: int, **kwargs: Any) -> Request:
+                storing.set()
+                await release.wait()
+                return await submitted_request(request_id, job_id, **kwargs)
+
+            monkeypatch.setattr(store, "submitted_request", held)
+            request_id = await cp.request_instance(spec("vm-storing.example"))
+            await asyncio.wait_for(storing.wait(), WAIT)
+            request = await store.get_request(request_id)
+            assert request is not None and request.job_id is None  # the store does not know the job yet
+            assert await d._sweep_reservations() == 0 and d.allocator.pending("f1").count == 1
+            release.set()
+            submitted = await eventually(lambda: _submitted(store, request_id), what="the request submitted")
+            assert submitted.job_id is not None
+            assert await d._sweep_reservations() == 0 and d.allocator.pending("f1").count == 1
 
 
 async def _submitted(store: Store, request_id: str) -> object:
