@@ -21,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Iterable
 
 from synnefo_ganeti.allocate import NodeChange
 from synnefo_ganeti.dispatch._wiring import BackendWiring
 from synnefo_ganeti.errors import GanetiError
+from synnefo_ganeti.rapi import RapiClient
 
 __all__ = ["NodeMoves"]
 
@@ -57,6 +59,23 @@ class NodeMoves(BackendWiring):
         self._moving_tasks.add(task)
         task.add_done_callback(self._moving_done)
 
+    def _answered_after_its_node_left(self, backend: str, job_id: int, nodes: Iterable[str]) -> None:
+        """A create whose job id came back (and was recorded) after one of ``nodes`` left placement:
+        Ganeti answered its POST late (with a node dying, the lab's master takes 15-30 s and more to
+        turn a POST into a job), so the move off that node did not see it; move it off now."""
+        if not self._claiming:
+            return
+        states = self.allocator.node_states(backend)
+        left = next((states[node] for node in nodes if node in states), None)
+        if left is None:
+            return
+        task = asyncio.create_task(
+            self._move_off(backend, left.node, left.detail or left.state, only=job_id),
+            name=f"move {backend} job {job_id} off {left.node}",
+        )
+        self._moving_tasks.add(task)
+        task.add_done_callback(self._moving_done)
+
     def _moving_done(self, task: asyncio.Task[int]) -> None:
         self._moving_tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
@@ -80,58 +99,72 @@ class NodeMoves(BackendWiring):
             await asyncio.sleep(0.05)  # placed, its job id being written: a moment
         return False
 
-    async def _move_off(self, backend: str, node: str, why: str) -> int:
-        """Cancel the creates this dispatcher submitted on ``node`` that Ganeti has not started;
-        returns how many it canceled."""
+    @functools.cached_property
+    def _moves_under_way(self) -> set[tuple[str, int]]:
+        """(backend, job id) of the creates a move is canceling now (one move a create)."""
+        return set()
+
+    async def _move_off(self, backend: str, node: str, why: str, *, only: int | None = None) -> int:
+        """Cancel the creates this dispatcher submitted on ``node`` (``only``: that job) that Ganeti
+        has not started; returns how many it canceled."""
         placed = [
             (job_id, self._job_requests.get((name, job_id)))
             for (name, job_id), reservation in list(self._jobs.items())
-            if name == backend and node in reservation.nodes
+            if name == backend and node in reservation.nodes and (only is None or job_id == only)
         ]
         if not placed or backend not in self._backends:
             return 0
         client = await self.client(backend)
         moved = 0
         for job_id, request_id in placed:
-            if request_id is None:
-                continue
-            reason = f"node {node} of {backend} left placement ({why})"
+            key = (backend, job_id)
+            if request_id is None or key in self._moves_under_way or key in self._moved_jobs:
+                continue  # (moved already, or being moved: by its node's move or its late answer's)
+            self._moves_under_way.add(key)
             try:
-                # first the note, then the cancel: the canceled job's end may be stored at once
-                if not await self._note_moving(request_id, job_id, backend, node, reason):
-                    continue  # its job ended meanwhile
-                self._moved_jobs.add((backend, job_id))
-                try:
-                    result = await client.cancel_job(job_id)
-                except GanetiError:
-                    self._moved_jobs.discard((backend, job_id))
-                    await self.store.unmark_moving(request_id, job_id)
-                    raise
-                if not result.success:
-                    self._moved_jobs.discard((backend, job_id))
-                    await self.store.unmark_moving(request_id, job_id)
-            except GanetiError as exc:
-                log.warning(
-                    "request %s: job %d on %s not canceled (%s); it ends on its own",
-                    request_id,
-                    job_id,
-                    node,
-                    exc,
-                )
-                continue
-            if result.success:
-                moved += 1
-                log.warning(
-                    "request %s: job %d canceled while queued on %s; placed again", request_id, job_id, node
-                )
-            else:
-                log.info(
-                    "request %s: job %d on %s runs already (%s); it ends on its own",
-                    request_id,
-                    job_id,
-                    node,
-                    result.message,
-                )
+                moved += await self._move_one(client, backend, node, job_id, request_id, why)
+            finally:
+                self._moves_under_way.discard(key)
         if moved:
             self.stats.moved += moved
         return moved
+
+    async def _move_one(
+        self, client: RapiClient, backend: str, node: str, job_id: int, request_id: str, why: str
+    ) -> int:
+        """Cancel one create queued on ``node``, noted on its request first; 1 if Ganeti canceled it."""
+        reason = f"node {node} of {backend} left placement ({why})"
+        try:
+            # first the note, then the cancel: the canceled job's end may be stored at once
+            if not await self._note_moving(request_id, job_id, backend, node, reason):
+                return 0  # its job ended meanwhile
+            self._moved_jobs.add((backend, job_id))
+            try:
+                result = await client.cancel_job(job_id)
+            except GanetiError:
+                self._moved_jobs.discard((backend, job_id))
+                await self.store.unmark_moving(request_id, job_id)
+                raise
+            if not result.success:
+                self._moved_jobs.discard((backend, job_id))
+                await self.store.unmark_moving(request_id, job_id)
+        except GanetiError as exc:
+            log.warning(
+                "request %s: job %d on %s not canceled (%s); it ends on its own",
+                request_id,
+                job_id,
+                node,
+                exc,
+            )
+            return 0
+        if not result.success:
+            log.info(
+                "request %s: job %d on %s runs already (%s); it ends on its own",
+                request_id,
+                job_id,
+                node,
+                result.message,
+            )
+            return 0
+        log.warning("request %s: job %d canceled while queued on %s; placed again", request_id, job_id, node)
+        return 1

@@ -365,6 +365,8 @@ class Submitter(ReservationSweep):
         log.debug("request %s: %s on %s as job %d", request.id, spec.name, name, job_id)
         if recorded.cancel_requested:
             await self._cancel_sent(recorded, client)
+        else:  # its answer came after its node left placement: that node's move did not see it
+            self._answered_after_its_node_left(name, job_id, reservation.nodes)
         return None
 
     async def _attempts_spent(self, request: Request) -> bool:
