@@ -52,12 +52,13 @@ class NodeMoves(BackendWiring):
         """``change.node`` went down or offline: move off it what is still queued there."""
         if not self._claiming:
             return  # stopping: the next dispatcher reads the node again and moves what is left
-        task = asyncio.create_task(
-            self._move_off(change.backend, change.node, change.detail or change.state or "down"),
-            name=f"move off {change.backend}/{change.node}",
+        self._start_move(
+            change.backend,
+            change.node,
+            change.detail or change.state or "down",
+            None,
+            f"move off {change.backend}/{change.node}",
         )
-        self._moving_tasks.add(task)
-        task.add_done_callback(self._moving_done)
 
     def _answered_after_its_node_left(self, backend: str, job_id: int, nodes: Iterable[str]) -> None:
         """A create whose job id came back (and was recorded) after one of ``nodes`` left placement:
@@ -69,10 +70,16 @@ class NodeMoves(BackendWiring):
         left = next((states[node] for node in nodes if node in states), None)
         if left is None:
             return
-        task = asyncio.create_task(
-            self._move_off(backend, left.node, left.detail or left.state, only=job_id),
-            name=f"move {backend} job {job_id} off {left.node}",
+        self._start_move(
+            backend,
+            left.node,
+            left.detail or left.state,
+            job_id,
+            f"move {backend} job {job_id} off {left.node}",
         )
+
+    def _start_move(self, backend: str, node: str, why: str, only: int | None, name: str) -> None:
+        task = asyncio.create_task(self._move_off(backend, node, why, only=only), name=name)
         self._moving_tasks.add(task)
         task.add_done_callback(self._moving_done)
 

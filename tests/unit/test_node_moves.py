@@ -5,6 +5,8 @@ node's queue to fail one create at a time."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from synnefo_ganeti import ControlPlane, RapiClient
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.store import RequestStatus, Store
+from synnefo_ganeti.testing import FakeGaneti
 from tests.helpers import WAIT, eventually, spec
 from tests.unit.test_dispatcher import backend, fakes, finished, running, settings_for
 from tests.unit.test_node_placement_dispatcher import create_nodes
@@ -20,7 +23,10 @@ from tests.unit.test_node_placement_dispatcher import create_nodes
 PAUSED = [["opcode", ["=", "OP_ID", "OP_INSTANCE_CREATE"]]]
 
 
-async def test_creates_queued_on_a_node_that_died_are_canceled_and_placed_elsewhere(db_url: str) -> None:
+@contextlib.asynccontextmanager
+async def _paused(db_url: str) -> AsyncIterator[tuple[FakeGaneti, RapiClient, int, ControlPlane, Dispatcher]]:
+    """A 3-node fake whose creates stay queued (a PAUSE filter rule, as behind a busy node's lock),
+    and a dispatcher placing on nodes that reads them every 0.2 s: (fake, client, rule, cp, d)."""
     async with fakes(1, nodes=3) as (fake,):
         settings = settings_for(
             db_url, [backend("b", fake)], node_placement="pnode", health_interval=0.2, stats_interval=3600
@@ -31,31 +37,35 @@ async def test_creates_queued_on_a_node_that_died_are_canceled_and_placed_elsewh
             ControlPlane(settings, store=store) as cp,
             running(Dispatcher(settings, store=store, status_server=False)) as d,
         ):
-            # every create stays queued (a PAUSE filter rule), as behind a busy node's lock
             rule = await rapi.add_filter(predicates=PAUSED, action="PAUSE")
-            ids = [await cp.request_instance(spec(f"q{i}.example")) for i in range(9)]
-            await eventually(lambda: len(create_nodes(fake)) == 9, what="nine creates in Ganeti", timeout=30)
-            await eventually(lambda: len(d._job_requests) == 9, what="nine creates followed")
-            victim = next(n for n in create_nodes(fake) if not fake.cluster.nodes[n].master)
-            queued_there = create_nodes(fake).count(victim)
-            assert queued_there >= 1
-            fake.crash_node(victim)
-            # seen down by a node read; what is queued there canceled and placed elsewhere
-            await eventually(lambda: d.stats.moved == queued_there, what="the creates moved off", timeout=30)
-            await rapi.delete_filter(rule)
-            done = [await finished(cp, rid, timeout=60) for rid in ids]
-            assert [r.status for r in done] == [RequestStatus.SUCCEEDED] * 9, [r.error for r in done]
-            assert d.stats.failed == 0 and d.stats.node_retries == 0
-            moved = [r for r in done if any(e.get("moved") for e in r.attempt_errors or ())]
-            assert len(moved) == queued_there
-            for request in moved:
-                (entry,) = [e for e in request.attempt_errors if e.get("moved")]
-                assert entry["node"] == victim and victim in entry["error"]
-                assert request.attempts == 2
-            canceled = [j for j in fake.cluster.jobs.values() if j.status is JobStatus.CANCELED]
-            assert len(canceled) == queued_there
-            # nothing on the dead node: what was queued there was moved before it ran
-            assert all(i.pnode != victim for i in fake.cluster.instances.values())
+            yield fake, rapi, rule, cp, d
+
+
+async def test_creates_queued_on_a_node_that_died_are_canceled_and_placed_elsewhere(db_url: str) -> None:
+    async with _paused(db_url) as (fake, rapi, rule, cp, d):
+        ids = [await cp.request_instance(spec(f"q{i}.example")) for i in range(9)]
+        await eventually(lambda: len(create_nodes(fake)) == 9, what="nine creates in Ganeti", timeout=30)
+        await eventually(lambda: len(d._job_requests) == 9, what="nine creates followed")
+        victim = next(n for n in create_nodes(fake) if not fake.cluster.nodes[n].master)
+        queued_there = create_nodes(fake).count(victim)
+        assert queued_there >= 1
+        fake.crash_node(victim)
+        # seen down by a node read; what is queued there canceled and placed elsewhere
+        await eventually(lambda: d.stats.moved == queued_there, what="the creates moved off", timeout=30)
+        await rapi.delete_filter(rule)
+        done = [await finished(cp, rid, timeout=60) for rid in ids]
+        assert [r.status for r in done] == [RequestStatus.SUCCEEDED] * 9, [r.error for r in done]
+        assert d.stats.failed == 0 and d.stats.node_retries == 0
+        moved = [r for r in done if any(e.get("moved") for e in r.attempt_errors or ())]
+        assert len(moved) == queued_there
+        for request in moved:
+            (entry,) = [e for e in request.attempt_errors if e.get("moved")]
+            assert entry["node"] == victim and victim in entry["error"]
+            assert request.attempts == 2
+        canceled = [j for j in fake.cluster.jobs.values() if j.status is JobStatus.CANCELED]
+        assert len(canceled) == queued_there
+        # nothing on the dead node: what was queued there was moved before it ran
+        assert all(i.pnode != victim for i in fake.cluster.instances.values())
 
 
 async def test_a_create_answered_after_its_node_left_placement_is_moved_too(
@@ -74,36 +84,24 @@ async def test_a_create_answered_after_its_node_left_placement_is_moved_too(
         await release.wait()  # ... and its answer comes later
         return job_id
 
-    async with fakes(1, nodes=3) as (fake,):
-        settings = settings_for(
-            db_url, [backend("b", fake)], node_placement="pnode", health_interval=0.2, stats_interval=3600
-        )
-        async with (
-            RapiClient(fake.url, username=fake.username, password=fake.password) as rapi,
-            Store(db_url) as store,
-            ControlPlane(settings, store=store) as cp,
-            running(Dispatcher(settings, store=store, status_server=False)) as d,
-        ):
-            rule = await rapi.add_filter(predicates=PAUSED, action="PAUSE")  # creates stay queued
-            monkeypatch.setattr(RapiClient, "create_instance", late)
-            ids = [await cp.request_instance(spec(f"late{i}.example")) for i in range(3)]
-            await eventually(lambda: len(create_nodes(fake)) == 3, what="three creates in Ganeti", timeout=30)
-            await asyncio.wait_for(answered.wait(), WAIT)
-            assert not d._job_requests  # no answer came back yet
-            victims = [n for n in create_nodes(fake) if n and not fake.cluster.nodes[n].master]
-            if not victims:  # all three on the master: none to crash here; the fake places again
-                pytest.fail(f"the dispatcher placed every create on the master: {create_nodes(fake)}")
-            victim = victims[0]
-            queued_there = create_nodes(fake).count(victim)
-            fake.crash_node(victim)
-            await eventually(lambda: victim in d.allocator.node_states("b"), what="the node out of placement")
-            assert d.stats.moved == 0  # nothing of it known to move yet
-            release.set()
-            await eventually(
-                lambda: d.stats.moved == queued_there, what="the late creates moved off", timeout=30
-            )
-            await rapi.delete_filter(rule)
-            done = [await finished(cp, rid, timeout=60) for rid in ids]
-            assert [r.status for r in done] == [RequestStatus.SUCCEEDED] * 3, [r.error for r in done]
-            assert d.stats.failed == 0
-            assert all(i.pnode != victim for i in fake.cluster.instances.values())
+    async with _paused(db_url) as (fake, rapi, rule, cp, d):
+        monkeypatch.setattr(RapiClient, "create_instance", late)
+        ids = [await cp.request_instance(spec(f"late{i}.example")) for i in range(3)]
+        await eventually(lambda: len(create_nodes(fake)) == 3, what="three creates in Ganeti", timeout=30)
+        await asyncio.wait_for(answered.wait(), WAIT)
+        assert not d._job_requests  # no answer came back yet
+        victims = [n for n in create_nodes(fake) if n and not fake.cluster.nodes[n].master]
+        if not victims:  # all three on the master: none to crash here; the fake places again
+            pytest.fail(f"the dispatcher placed every create on the master: {create_nodes(fake)}")
+        victim = victims[0]
+        queued_there = create_nodes(fake).count(victim)
+        fake.crash_node(victim)
+        await eventually(lambda: victim in d.allocator.node_states("b"), what="the node out of placement")
+        assert d.stats.moved == 0  # nothing of it known to move yet
+        release.set()
+        await eventually(lambda: d.stats.moved == queued_there, what="the late creates moved off", timeout=30)
+        await rapi.delete_filter(rule)
+        done = [await finished(cp, rid, timeout=60) for rid in ids]
+        assert [r.status for r in done] == [RequestStatus.SUCCEEDED] * 3, [r.error for r in done]
+        assert d.stats.failed == 0
+        assert all(i.pnode != victim for i in fake.cluster.instances.values())

@@ -6,6 +6,8 @@ instead of holding it "pending" for ever."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,12 +23,9 @@ from tests.helpers import WAIT, eventually, spec
 from tests.unit.test_dispatcher import backend, creates, fakes, running, settings_for
 
 
-async def test_the_reservation_of_a_request_settled_elsewhere_is_given_back(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_reservations, "SWEEP_AFTER", 0.2)
-    monkeypatch.setattr(_reservations, "SWEEP_INTERVAL", 0.1)
-    # a create that never ends while the test runs: its job's end is never seen here
+@contextlib.asynccontextmanager
+async def _never_ending_creates(db_url: str) -> AsyncIterator[tuple[Store, ControlPlane, Dispatcher]]:
+    """A backend ``f1`` whose creates never end while a test runs, and a dispatcher on it."""
     async with fakes(1, op_times=QUICK | {"OP_INSTANCE_CREATE": 600.0}) as (f1,):
         settings = settings_for(db_url, [backend("f1", f1)])
         async with (
@@ -34,18 +33,28 @@ async def test_the_reservation_of_a_request_settled_elsewhere_is_given_back(
             ControlPlane(settings, store=store) as cp,
             running(Dispatcher(settings, store=store, status_server=False)) as d,
         ):
-            request_id = await cp.request_instance(spec("vm-lost.example"))
-            submitted = await eventually(lambda: _submitted(store, request_id), what="the request submitted")
-            assert submitted.job_id is not None
-            assert d.allocator.pending("f1").count == 1
-            before = RESERVATIONS_RECLAIMED._value.get()
-            # the backend lost the job; the request is settled by someone else meanwhile
-            await store.finish_request(request_id, RequestStatus.FAILED, error="its job vanished")
-            await eventually(lambda: d.allocator.pending("f1").count == 0, what="the room given back")
-            assert RESERVATIONS_RECLAIMED._value.get() == before + 1
-            # the room is there for the next request at once
-            other = await cp.request_instance(spec("vm-next.example"))
-            assert (await eventually(lambda: _submitted(store, other))).job_id is not None
+            yield store, cp, d
+
+
+async def test_the_reservation_of_a_request_settled_elsewhere_is_given_back(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_reservations, "SWEEP_AFTER", 0.2)
+    monkeypatch.setattr(_reservations, "SWEEP_INTERVAL", 0.1)
+    # a create that never ends while the test runs: its job's end is never seen here
+    async with _never_ending_creates(db_url) as (store, cp, d):
+        request_id = await cp.request_instance(spec("vm-lost.example"))
+        submitted = await eventually(lambda: _submitted(store, request_id), what="the request submitted")
+        assert submitted.job_id is not None
+        assert d.allocator.pending("f1").count == 1
+        before = RESERVATIONS_RECLAIMED._value.get()
+        # the backend lost the job; the request is settled by someone else meanwhile
+        await store.finish_request(request_id, RequestStatus.FAILED, error="its job vanished")
+        await eventually(lambda: d.allocator.pending("f1").count == 0, what="the room given back")
+        assert RESERVATIONS_RECLAIMED._value.get() == before + 1
+        # the room is there for the next request at once
+        other = await cp.request_instance(spec("vm-next.example"))
+        assert (await eventually(lambda: _submitted(store, other))).job_id is not None
 
 
 async def test_a_reservation_whose_job_still_runs_is_kept(
@@ -53,17 +62,11 @@ async def test_a_reservation_whose_job_still_runs_is_kept(
 ) -> None:
     monkeypatch.setattr(_reservations, "SWEEP_AFTER", 0.05)
     monkeypatch.setattr(_reservations, "SWEEP_INTERVAL", 0.05)
-    async with fakes(1, op_times=QUICK | {"OP_INSTANCE_CREATE": 600.0}) as (f1,):
-        settings = settings_for(db_url, [backend("f1", f1)])
-        async with (
-            Store(db_url) as store,
-            ControlPlane(settings, store=store) as cp,
-            running(Dispatcher(settings, store=store, status_server=False)) as d,
-        ):
-            request_id = await cp.request_instance(spec("vm-runs.example"))
-            await eventually(lambda: _submitted(store, request_id), what="the request submitted")
-            swept = await d._sweep_reservations()  # what the loop runs; nothing to give back
-            assert swept == 0 and d.allocator.pending("f1").count == 1
+    async with _never_ending_creates(db_url) as (store, cp, d):
+        request_id = await cp.request_instance(spec("vm-runs.example"))
+        await eventually(lambda: _submitted(store, request_id), what="the request submitted")
+        swept = await d._sweep_reservations()  # what the loop runs; nothing to give back
+        assert swept == 0 and d.allocator.pending("f1").count == 1
 
 
 async def test_a_reservation_is_kept_while_its_submit_is_being_stored(
@@ -74,31 +77,25 @@ async def test_a_reservation_is_kept_while_its_submit_is_being_stored(
     one given back: the store's write came later than a short SWEEP_AFTER on a loaded machine)."""
     monkeypatch.setattr(_reservations, "SWEEP_AFTER", 0.0)
     monkeypatch.setattr(_reservations, "SWEEP_INTERVAL", 3600.0)  # only this test's own sweeps
-    async with fakes(1, op_times=QUICK | {"OP_INSTANCE_CREATE": 600.0}) as (f1,):
-        settings = settings_for(db_url, [backend("f1", f1)])
-        async with (
-            Store(db_url) as store,
-            ControlPlane(settings, store=store) as cp,
-            running(Dispatcher(settings, store=store, status_server=False)) as d,
-        ):
-            storing, release = asyncio.Event(), asyncio.Event()
-            submitted_request = store.submitted_request
+    async with _never_ending_creates(db_url) as (store, cp, d):
+        storing, release = asyncio.Event(), asyncio.Event()
+        submitted_request = store.submitted_request
 
-            async def held(request_id: str, job_id: int, **kwargs: Any) -> Request:
-                storing.set()
-                await release.wait()
-                return await submitted_request(request_id, job_id, **kwargs)
+        async def held(request_id: str, job_id: int, **kwargs: Any) -> Request:
+            storing.set()
+            await release.wait()
+            return await submitted_request(request_id, job_id, **kwargs)
 
-            monkeypatch.setattr(store, "submitted_request", held)
-            request_id = await cp.request_instance(spec("vm-storing.example"))
-            await asyncio.wait_for(storing.wait(), WAIT)
-            request = await store.get_request(request_id)
-            assert request is not None and request.job_id is None  # the store does not know the job yet
-            assert await d._sweep_reservations() == 0 and d.allocator.pending("f1").count == 1
-            release.set()
-            submitted = await eventually(lambda: _submitted(store, request_id), what="the request submitted")
-            assert submitted.job_id is not None
-            assert await d._sweep_reservations() == 0 and d.allocator.pending("f1").count == 1
+        monkeypatch.setattr(store, "submitted_request", held)
+        request_id = await cp.request_instance(spec("vm-storing.example"))
+        await asyncio.wait_for(storing.wait(), WAIT)
+        request = await store.get_request(request_id)
+        assert request is not None and request.job_id is None  # the store does not know the job yet
+        assert await d._sweep_reservations() == 0 and d.allocator.pending("f1").count == 1
+        release.set()
+        submitted = await eventually(lambda: _submitted(store, request_id), what="the request submitted")
+        assert submitted.job_id is not None
+        assert await d._sweep_reservations() == 0 and d.allocator.pending("f1").count == 1
 
 
 async def _submitted(store: Store, request_id: str) -> object:
