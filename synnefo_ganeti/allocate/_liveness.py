@@ -12,7 +12,8 @@ must leave out, and why (:class:`NodeLiveness`):
   node (vm_capable) whose memory figures are both null is "down" (the disk figures alone may be
   null on a cluster without LVM); a node with its figures is up again, but only when the read
   began after the last sign against it (a read that was on its way when a create failed there
-  does not clear that failure);
+  does not clear that failure), and a read that began before the latest one to show it up says
+  nothing against it (the stats and the node reads overlap: the older one may answer last);
 * **a failed job naming it** (:meth:`NodeLiveness.failed`): "down" (an RPC to it failed) or
   "offline" (Ganeti refused it as offline), at once; a later sign keeps the first one's ``since``
   and ``detail`` and moves ``marked_at`` on.
@@ -91,6 +92,8 @@ class NodeLiveness:
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self.states: dict[str, NodeState] = {}
+        #: per node, when the latest read that showed it up began (monotonic)
+        self._up_read_at: dict[str, float] = {}
 
     def __repr__(self) -> str:
         out = ", ".join(f"{s.node} {s.state}" for s in self.states.values()) or "none"
@@ -141,14 +144,19 @@ class NodeLiveness:
             listed.add(node.name)
             state, why = read_state(node)
             if state is not None:
+                if read_at < self._up_read_at.get(node.name, read_at):
+                    continue  # a read begun before one that showed it up: what it says is older
                 change = self._mark(node.name, state, why, now, wall)
                 if change is not None:
                     changes.append(change)
                 continue
+            self._up_read_at[node.name] = max(read_at, self._up_read_at.get(node.name, read_at))
             current = self.states.get(node.name)
             if current is not None and current.marked_at <= read_at:
                 del self.states[node.name]
                 changes.append(NodeChange(self.backend, node.name, None, BACK, wall))
+        for name in [name for name in self._up_read_at if name not in listed]:
+            del self._up_read_at[name]
         for name in [name for name in self.states if name not in listed]:
             del self.states[name]
             changes.append(NodeChange(self.backend, name, None, "no longer in the cluster", wall))

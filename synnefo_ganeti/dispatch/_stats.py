@@ -101,6 +101,8 @@ class StatsReads(NodeWatch):
         # before the update: a node back makes the backend due for stats read after this one
         changes = self.allocator.nodes_seen(name, stats.nodes, read_at=read_at)
         view = self.allocator.view(name)
+        if view.stats_at is not None and view.stats_at > read_at:
+            return  # a read begun after this one (a reload's) is in place already
         settings = self._backends[name].settings
         self.allocator.update(
             _replace(

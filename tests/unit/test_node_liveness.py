@@ -14,7 +14,7 @@ import pytest
 
 from synnefo_ganeti import ControlPlane
 from synnefo_ganeti.allocate import Allocator, BackendView, NodeLiveness, NodeState
-from synnefo_ganeti.allocate._liveness import NO_FIGURES, read_state
+from synnefo_ganeti.allocate._liveness import NO_FIGURES, OFFLINE, NodeChange, read_state
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.rapi import Node
 from synnefo_ganeti.store import NodeRow, RequestStatus, Store, is_node_error, node_fault
@@ -161,6 +161,22 @@ def test_liveness_down_offline_and_back_only_after_a_read_begun_after_the_last_s
     # a read begun after the signs: N1 back; N2 is gone from the cluster: forgotten
     back = live.seen([node(N1)], read_at=7.0, now=8.0)
     assert [(c.node, c.state) for c in back] == [(N1, None), (N2, None)] and live.out == frozenset()
+
+
+def test_a_read_begun_before_the_one_that_showed_a_node_up_does_not_put_it_down_again() -> None:
+    live = NodeLiveness("b")
+    (down,) = live.seen([node(N1), dead(N2)], read_at=1.0, now=1.5)
+    assert (down.node, down.state) == (N2, "down")
+    # node2 comes back: a read begun at 3.0 shows it; one begun at 2.0, before it came back,
+    # answers last (the stats read and the node read overlap): it says nothing against node2
+    (back,) = live.seen([node(N1), node(N2)], read_at=3.0, now=4.0)
+    assert (back.node, back.state) == (N2, None)
+    assert live.seen([node(N1), dead(N2), node(N3, offline=True)], read_at=2.0, now=5.0) == [
+        NodeChange("b", N3, "offline", OFFLINE, live.states[N3].since)
+    ] and live.out == {N3}
+    # a read begun later that shows it without figures puts it down again
+    (again,) = live.seen([node(N1), dead(N2), node(N3, offline=True)], read_at=6.0, now=7.0)
+    assert (again.node, again.state) == (N2, "down") and live.out == {N2, N3}
 
 
 def test_a_node_down_is_out_of_the_allocators_capacity_and_node_choice() -> None:
