@@ -39,6 +39,8 @@ async def database(db: str, folder: str) -> AsyncIterator[str]:
         # every statement of this database in PostgreSQL's log, with its time (see
         # benchmarks/_pg_log.py): for finding where PostgreSQL's time goes, not for figures
         await _pg_admin(f'ALTER DATABASE "{name}" SET log_min_duration_statement = 0')
+        if os.environ["SYNNEFO_GANETI_BENCH_PG_LOG"] == "cpu":  # and each statement's CPU
+            await _pg_admin(f'ALTER DATABASE "{name}" SET log_statement_stats = on')
     keep = bool(os.environ.get("SYNNEFO_GANETI_BENCH_KEEP_DB"))
     try:
         yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"

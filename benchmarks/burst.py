@@ -5,8 +5,9 @@ then two; each request's end read from the change feed in another process.
     python benchmarks/burst.py --requests 200 --dispatchers 1   # the test's run
 
 The database starts as an established cloud's does (``--history``, default 20,000: past requests
-and instances, ended and DESTROYED, then ``ANALYZE``; ``benchmarks/_history.py``); ``--history 0``
-starts it empty.
+and instances, ended and DESTROYED, with the create jobs that made them and their events, then
+``ANALYZE``; ``benchmarks/_history.py``); the fake's job ids go on after the past ones; ``--history
+0`` starts it empty.
 
 One fake Ganeti (plain HTTP, zero latency, in a process of its own) with 20 roomy nodes and
 0.05 s creates; the dispatchers run in processes of their own (a real ``Dispatcher`` each,
@@ -60,6 +61,7 @@ import orjson
 from _children import stop_children
 from _cpu import PostgresCpu, database_name, locate_postmaster, process_cpu_s
 from _databases import database
+from _history import queue_serial
 from _history import seed as seed_history
 
 NODES = 20
@@ -95,20 +97,35 @@ def settings_of(world: dict[str, Any], db_url: str) -> Any:
 # -- the children ---------------------------------------------------------------------------------
 
 
+def queue_after_history(history: int) -> tuple[tempfile.TemporaryDirectory[str], str]:
+    """A queue folder for the fake (tmpfs where there is one) whose job ids go on after the past
+    jobs the database holds (benchmarks/_history.py): Ganeti never gives a job id twice."""
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    temp = tempfile.TemporaryDirectory(prefix="burst-queue-", dir=base)
+    queue = os.path.join(temp.name, "queue")
+    os.makedirs(queue)
+    with open(os.path.join(queue, "serial"), "w") as serial:
+        serial.write(f"{queue_serial(history)}\n")
+    return temp, queue
+
+
 async def fake_child(args: argparse.Namespace) -> None:
     """``--fake-child``: the fake Ganeti; prints its world, serves until stdin closes."""
     from synnefo_ganeti.testing import FakeGaneti
 
+    temp, queue = queue_after_history(args.history)
     fake = FakeGaneti(
         tls=False, nodes=NODES, node_memory=1024 + MEMORY * (args.requests * 2 // NODES + 10),
         op_times={"OP_INSTANCE_CREATE": CREATE_S, "OP_INSTANCE_CREATE/disks": CREATE_S / 2},
+        queue_dir=queue,
     )  # fmt: skip
-    async with fake:
-        world = {"url": fake.url, "username": fake.username, "password": fake.password,
-                 "queue_dir": str(fake.queue_dir)}  # fmt: skip
-        sys.stdout.buffer.write(orjson.dumps(world) + b"\n")
-        sys.stdout.flush()
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
+    with temp:
+        async with fake:
+            world = {"url": fake.url, "username": fake.username, "password": fake.password,
+                     "queue_dir": str(fake.queue_dir)}  # fmt: skip
+            sys.stdout.buffer.write(orjson.dumps(world) + b"\n")
+            sys.stdout.flush()
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
 
 
 async def dispatcher_child(args: argparse.Namespace) -> None:
@@ -154,7 +171,9 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
         async with AsyncExitStack() as stack:
             db_url = await stack.enter_async_context(database(args.db, scratch))
             postmaster, no_postgres = await locate_postmaster(db_url)
-            fake = await child("--fake-child", "--requests", str(args.requests))
+            fake = await child(
+                "--fake-child", "--requests", str(args.requests), "--history", str(args.history)
+            )
             processes.append(fake)
             stack.push_async_callback(stop_children, processes)
             world = orjson.loads(await first_line(fake, "the fake Ganeti"))
