@@ -29,6 +29,7 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    text,
     union_all,
     update,
 )
@@ -121,6 +122,12 @@ _ADD_CHECKS = union_all(
     ),
     renames_in_progress(literal_column("'rename'"), _NO_ID, _NO_ID, _NO_ID, instance_jobs_t.c.params),
 )
+# PostgreSQL: the same reads in a function that keeps a generic plan of them (migration 0018:
+# with its arrays as parameters the statement was planned again at each execution)
+_ADD_CHECKS_PG = text(
+    "SELECT c_kind AS kind, c_id AS id, c_name AS name, c_status AS status, c_params AS params"
+    " FROM synnefo_ganeti_add_checks(CAST(:b_ids AS text[]), CAST(:b_names AS text[]))"
+).columns(kind=String, id=String, name=String, status=String, params=JSON)
 # a new request's row as the insert wrote it (its server defaults included): no read after it
 _INSERT_RETURNING = insert(requests_t).returning(*requests_t.c, sort_by_parameter_order=True)
 # the instances of these names, DESTROYED ones too (left out in Python, not in SQL: with the
@@ -204,7 +211,8 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
     holders: dict[str, set[str]] = defaultdict(set)
     live: set[str] = set()  # names of instances not DESTROYED (lowered)
     renamed: set[str] = set()  # names a rename in progress takes (lowered)
-    for row in conn.execute(_ADD_CHECKS, {"b_ids": sorted(ids), "b_names": lowered}):
+    checks = _ADD_CHECKS_PG if conn.dialect.name == "postgresql" else _ADD_CHECKS
+    for row in conn.execute(checks, {"b_ids": sorted(ids), "b_names": lowered}):
         if row.kind == "id":
             existing.add(row.id)
         elif row.kind == "request":
