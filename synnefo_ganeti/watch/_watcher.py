@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import itertools
 import logging
 import os
@@ -58,11 +59,23 @@ _EVENT = struct.Struct("iIII")
 _READ_SIZE = 256 * 1024
 _ISDIR = int(Mask.ISDIR)
 _IGNORED = int(Mask.IGNORED)
+_OVERFLOW = int(Mask.Q_OVERFLOW)
 #: yield to the event loop after this many versions read in a row
 _READS_PER_TURN = 32
 
 _FILE_EVENTS = Mask.MOVED_TO | Mask.CLOSE_WRITE
+
+
+@functools.lru_cache(maxsize=64)
+def _mask(bits: int) -> Mask:
+    """``Mask(bits)``, made once a value: a flag enum's construction is slow, and a busy queue
+    brings the same few masks again and again."""
+    return Mask(bits)
+
+
 _SELF_GONE = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED | Mask.UNMOUNT
+_FILE_EVENTS_BITS = int(_FILE_EVENTS)
+_SELF_GONE_BITS = int(_SELF_GONE)
 _ROOT_MASK = _FILE_EVENTS | Mask.CREATE | Mask.MOVED_FROM | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR
 _ARCHIVE_MASK = Mask.CREATE | Mask.MOVED_TO | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.ONLYDIR
 _FOLDER_MASK = _FILE_EVENTS | Mask.DELETE_SELF | Mask.ONLYDIR
@@ -242,29 +255,32 @@ class QueueWatcher:
 
     def _dispatch(self, data: bytes) -> None:
         watches = self._by_wd
-        offset, end = 0, len(data)
+        offset, end, size = 0, len(data), _EVENT.size
         while offset < end:
             wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
-            offset += _EVENT.size
+            offset += size
             name: Path | None = None
             if length:
                 raw = data[offset : offset + length].rstrip(b"\0")
                 offset += length
                 if raw:
-                    text = os.fsdecode(raw)
-                    if not mask & _ISDIR and JOB_NAME.match(text) is None:
-                        self.stats.events += 1  # a temp file, serial, ...: nothing to do
-                        continue
-                    name = Path(text)
+                    if not mask & _ISDIR:
+                        # JOB_NAME on the bytes (bytes.isdigit is ASCII digits alone): most events
+                        # of a busy queue are its temp files', four a version with the job file's
+                        if raw[:4] != b"job-" or not raw[4:].isdigit():
+                            self.stats.events += 1  # a temp file, serial, ...: nothing to do
+                            continue
+                    name = Path(os.fsdecode(raw))
             watch = watches.get(wd)
             if mask & _IGNORED:
                 watches.pop(wd, None)
-            self.on_event(Mask(mask), watch, name)
+            self.on_event(_mask(mask), watch, name)
 
     def on_event(self, mask: Mask, watch: Watch | None, name: Path | None) -> None:
         """Handle one decoded inotify event (the boundary tests inject overflows at)."""
         self.stats.events += 1
-        if mask & Mask.Q_OVERFLOW:
+        bits = int(mask)  # (a flag enum's every ``&`` makes a new member: slow, per event)
+        if bits & _OVERFLOW:
             self.stats.overflows += 1
             log.warning("inotify queue overflow on %s: rescanning (no change is lost)", self.queue_dir)
             self._scan("overflow")
@@ -272,27 +288,28 @@ class QueueWatcher:
         if watch is None:
             return
         folder = os.fspath(watch.path)
-        if mask & _SELF_GONE:
-            if watch is self._root_watch or folder == os.fspath(self.queue_dir):
+        queue = os.fspath(self.queue_dir)
+        if bits & _SELF_GONE_BITS:
+            if watch is self._root_watch or folder == queue:
                 raise _WatchLost
             self._watches.pop(folder, None)
-            if mask & Mask.IGNORED and os.path.isdir(folder):
+            if bits & _IGNORED and os.path.isdir(folder):
                 self._watch_folder(folder)  # replaced by a new folder of the same name
             return
         if name is None:
             return
         entry = os.fspath(name)
-        if mask & Mask.ISDIR:
-            if folder == os.fspath(self.queue_dir) and entry == "archive":
+        if bits & _ISDIR:
+            if folder == queue and entry == "archive":
                 self._watch_archive()
                 self._scan_archive()
-            elif folder == os.fspath(self.queue_dir / "archive") and ARCHIVE_FOLDER.match(entry):
+            elif folder == os.path.join(queue, "archive") and ARCHIVE_FOLDER.match(entry):
                 path = os.path.join(folder, entry)
                 self._watch_folder(path)
                 self._scan_folder(path, archived=True)
             return
-        if mask & _FILE_EVENTS and JOB_NAME.match(entry):
-            self._mark(os.path.join(folder, entry), folder != os.fspath(self.queue_dir))
+        if bits & _FILE_EVENTS_BITS and JOB_NAME.match(entry):
+            self._mark(os.path.join(folder, entry), folder != queue)
 
     def _watch_archive(self) -> None:
         archive = os.fspath(self.queue_dir / "archive")
