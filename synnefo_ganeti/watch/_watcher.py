@@ -264,12 +264,11 @@ class QueueWatcher:
                 raw = data[offset : offset + length].rstrip(b"\0")
                 offset += length
                 if raw:
-                    if not mask & _ISDIR:
-                        # JOB_NAME on the bytes (bytes.isdigit is ASCII digits alone): most events
-                        # of a busy queue are its temp files', four a version with the job file's
-                        if raw[:4] != b"job-" or not raw[4:].isdigit():
-                            self.stats.events += 1  # a temp file, serial, ...: nothing to do
-                            continue
+                    # JOB_NAME on the bytes (bytes.isdigit is ASCII digits alone): most events of
+                    # a busy queue are its temp files', three a version beside the job file's
+                    if not mask & _ISDIR and (raw[:4] != b"job-" or not raw[4:].isdigit()):
+                        self.stats.events += 1  # a temp file, serial, ...: nothing to do
+                        continue
                     name = Path(os.fsdecode(raw))
             watch = watches.get(wd)
             if mask & _IGNORED:
