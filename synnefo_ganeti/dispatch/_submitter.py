@@ -51,6 +51,10 @@ log = logging.getLogger("synnefo_ganeti.dispatch")
 OUTAGE_BACKOFF = (0.5, 10.0)
 #: a request that could not be placed (no room, backend refused): first and longest wait
 PLACEMENT_BACKOFF = (0.5, 10.0)
+#: seconds a count of the pending requests stands for the next claims (less what this one claims
+#: meanwhile): the claim loop runs each time a request's work ends, hundreds of times a second in
+#: a burst, and a count each time read every pending request of the burst (issue 31)
+PENDING_COUNT_TTL = 0.5
 
 
 class _NoRoom(str):
@@ -98,6 +102,7 @@ class Submitter(ReservationSweep):
                     claimed = await self.store.claim_requests(self.id, limit)
                 except GanetiError as exc:
                     log.warning("cannot claim requests (%s); trying again", exc)
+            self._claimed(len(claimed))
             for request in claimed:
                 self.stats.claimed += 1
                 self._spawn(request)
@@ -129,13 +134,24 @@ class Submitter(ReservationSweep):
         claimers = 1 if self.leases is None else self.leases.claimers()
         if limit <= 0 or claimers <= 1:
             return max(0, limit)
-        try:
-            counts = await self.store.request_counts(status=[RequestStatus.PENDING])
-        except GanetiError as exc:
-            log.info("pending requests not counted (%s); claiming up to %d", exc, limit)
-            return limit
-        share = -(-sum(counts.values()) // claimers)
+        now = time.monotonic()
+        if self._pending_counted is None or now - self._pending_counted[0] >= PENDING_COUNT_TTL:
+            try:
+                counts = await self.store.request_counts(status=[RequestStatus.PENDING])
+            except GanetiError as exc:
+                log.info("pending requests not counted (%s); claiming up to %d", exc, limit)
+                return limit
+            self._pending_counted = (now, sum(counts.values()))
+        share = -(-self._pending_counted[1] // claimers)
         return max(0, min(limit, share - len(self._inflight)))
+
+    #: (when, how many) the last count of the pending requests said, less those claimed here since
+    _pending_counted: tuple[float, int] | None = None
+
+    def _claimed(self, count: int) -> None:
+        if self._pending_counted is not None and count:
+            at, pending = self._pending_counted
+            self._pending_counted = (at, max(0, pending - count))
 
     def _spawn(self, request: Request) -> None:
         task = asyncio.create_task(self._process(request), name=f"request {request.id}")

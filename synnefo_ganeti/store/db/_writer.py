@@ -275,10 +275,12 @@ class Writer:
         """Several callers' writes in one transaction (a savepoint each: one that fails is
         rolled back alone); on database trouble, each call on its own with the usual retries."""
         calls = [call for call in calls if not call.abandoned]
-        if len(calls) <= 1:
+        if not calls or (len(calls) == 1 and calls[0].batch is None):
             for call in calls:
                 await self._call_with_retry(call)
             return
+        # (a call alone with a batch step runs it too: the step is the short path, a new request
+        # checked and written in four round trips where its own function takes eight)
         for call in calls:
             call.started = True
         group = [(call.fn, call.batch) for call in calls]
