@@ -58,7 +58,7 @@ from typing import Any
 
 import orjson
 
-from _children import stop_children
+from _children import serve_fake, stop_children
 from _cpu import PostgresCpu, database_name, locate_postmaster, process_cpu_s
 from _databases import database
 from _history import queue_serial
@@ -120,12 +120,7 @@ async def fake_child(args: argparse.Namespace) -> None:
         queue_dir=queue,
     )  # fmt: skip
     with temp:
-        async with fake:
-            world = {"url": fake.url, "username": fake.username, "password": fake.password,
-                     "queue_dir": str(fake.queue_dir)}  # fmt: skip
-            sys.stdout.buffer.write(orjson.dumps(world) + b"\n")
-            sys.stdout.flush()
-            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
+        await serve_fake(fake)
 
 
 async def dispatcher_child(args: argparse.Namespace) -> None:

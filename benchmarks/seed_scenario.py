@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 
 import placement
-from _children import stop_children
+from _children import serve_fake, stop_children
 
 MODES = ("ganeti", "opportunistic", "pnode")
 CLUSTERS = 2
@@ -71,12 +71,7 @@ async def fake_child(args: argparse.Namespace) -> None:
             "OP_INSTANCE_CREATE/disks": LOCKED_SECONDS * scale,
         },
     )  # fmt: skip
-    async with fake:
-        world = {"url": fake.url, "username": fake.username, "password": fake.password,
-                 "queue_dir": str(fake.queue_dir)}  # fmt: skip
-        sys.stdout.buffer.write(orjson.dumps(world) + b"\n")
-        sys.stdout.flush()
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
+    await serve_fake(fake)
 
 
 class Clusters:
