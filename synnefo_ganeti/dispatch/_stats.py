@@ -98,11 +98,12 @@ class StatsReads(NodeWatch):
         if found is None or name not in self._backends:
             return
         stats, read_at = found
+        in_place = self.allocator.view(name).stats_at
+        if in_place is not None and in_place > read_at:
+            return  # a read begun after this one (a reload's) is in place already: it says more
         # before the update: a node back makes the backend due for stats read after this one
         changes = self.allocator.nodes_seen(name, stats.nodes, read_at=read_at)
         view = self.allocator.view(name)
-        if view.stats_at is not None and view.stats_at > read_at:
-            return  # a read begun after this one (a reload's) is in place already
         settings = self._backends[name].settings
         self.allocator.update(
             _replace(

@@ -6,6 +6,7 @@ and ``backend_nodes`` marked, and back when Ganeti reads it again."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,40 @@ async def test_a_node_whose_figures_go_null_leaves_placement_and_comes_back(
             events = await store.backend_events(backend="b")
             kinds = [e["kind"] for e in events if "node3" in e["message"]]
             assert kinds[:2] == ["node-up", "node-down"]  # newest first
+
+
+async def test_stats_read_before_those_in_place_are_not_put_in_their_place(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with fakes(1, nodes=3) as (fake,):
+        settings = settings_for(db_url, [backend("b", fake)], node_placement="pnode", stats_interval=3600)
+        async with (
+            Store(db_url) as store,
+            running(Dispatcher(settings, store=store, status_server=False)) as d,
+        ):
+            await eventually(lambda: d.allocator.view("b").stats_at is not None, what="the first stats")
+            in_place = d.allocator.view("b")
+            read = await d._read_stats("b")
+            assert read is not None and in_place.stats_at is not None
+            stats, _ = read
+            # a read that began before the stats in place (a reload's overlapping the loop's), node3
+            # dead in it: it answers last, and says nothing the stats in place do not say better
+            older = dataclasses.replace(
+                stats,
+                nodes=[
+                    n if n.name != N3 else n.model_copy(update=dict.fromkeys(LIVE_FIELDS))
+                    for n in stats.nodes
+                ],
+            )
+
+            async def read_older(name: str) -> tuple[Any, float]:
+                return older, in_place.stats_at - 1.0
+
+            monkeypatch.setattr(d, "_read_stats", read_older)
+            await d._refresh_one("b")
+            assert d.allocator.view("b").stats_at == in_place.stats_at
+            assert {n.name: n.mfree for n in d.allocator.view("b").nodes}[N3] is not None
+            assert N3 not in d.allocator.node_states("b")
 
 
 async def _pnode(store: Store, name: str, pnode: str) -> bool:
