@@ -22,7 +22,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import insert, select, text
+from sqlalchemy import DateTime, bindparam, insert, select, text
 
 CHUNK = 5000
 #: a past create's events, as the dispatcher stores a create's (kind, status, op index, log line)
@@ -114,7 +114,9 @@ async def seed(store: object, backend: str, count: int) -> None:
                     " applied_at, result) SELECT i.backend_id, r.job_id, i.id, 'create', true, :when, :when,"
                     " 'success' FROM requests r JOIN instances i ON i.request_id = r.id"
                     " WHERE r.backend_id = :backend AND r.job_id BETWEEN :first AND :last"
-                ),
+                ).bindparams(
+                    bindparam("when", type_=DateTime(timezone=True))
+                ),  # (SQLite: the type's own form)
                 {"when": when, "backend": backend_id, "first": first, "last": min(count, start + CHUNK)},
             )
     async with engine.begin() as conn:
