@@ -3,10 +3,14 @@ limits, and how a queue file and an OS error are described."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from synnefo_ganeti.jobs import JobFileError
 
 __all__ = [
     "MIN_QUEUED_EVENTS",
@@ -91,3 +95,33 @@ def os_reason(exc: OSError | BaseException) -> str:
     if isinstance(exc, OSError):
         return exc.strerror or str(exc)
     return str(exc)
+
+
+def read_job_file(path: str, max_bytes: int) -> bytes:
+    """One job file's bytes: a regular file, never through a symlink, at most ``max_bytes``
+    (:class:`~synnefo_ganeti.jobs.JobFileError` otherwise; an ``OSError`` as the OS gave it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise JobFileError("a symlink; Ganeti writes job files as regular files") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise JobFileError("not a regular file")
+        if info.st_size > max_bytes:
+            raise JobFileError(f"{info.st_size} bytes, more than the {max_bytes} a job file may have")
+        chunks = []
+        size = 0
+        while True:
+            chunk = os.read(fd, max(info.st_size + 1, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise JobFileError(f"more than the {max_bytes} bytes a job file may have")
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)

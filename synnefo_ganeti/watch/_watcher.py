@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import functools
 import itertools
 import logging
 import os
 import re
-import stat
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +40,13 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti.jobs import JobFileError, parse_job_file
 from synnefo_ganeti.jobs._files import MAX_JOB_FILE_BYTES
 from synnefo_ganeti.store import JobVersion, Store
-from synnefo_ganeti.watch._support import WatchStats, check_inotify_limits, file_identity, os_reason
+from synnefo_ganeti.watch._support import (
+    WatchStats,
+    check_inotify_limits,
+    file_identity,
+    os_reason,
+    read_job_file,
+)
 
 __all__ = ["QueueWatcher", "VersionSink", "WatchStats", "check_inotify_limits"]
 
@@ -64,14 +67,6 @@ _OVERFLOW = int(Mask.Q_OVERFLOW)
 _READS_PER_TURN = 32
 
 _FILE_EVENTS = Mask.MOVED_TO | Mask.CLOSE_WRITE
-
-
-@functools.lru_cache(maxsize=64)
-def _mask(bits: int) -> Mask:
-    """``Mask(bits)``, made once a value: a flag enum's construction is slow, and a busy queue
-    brings the same few masks again and again."""
-    return Mask(bits)
-
 
 _SELF_GONE = Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED | Mask.UNMOUNT
 _FILE_EVENTS_BITS = int(_FILE_EVENTS)
@@ -273,7 +268,7 @@ class QueueWatcher:
             watch = watches.get(wd)
             if mask & _IGNORED:
                 watches.pop(wd, None)
-            self.on_event(_mask(mask), watch, name)
+            self.on_event(Mask(mask), watch, name)
 
     def on_event(self, mask: Mask, watch: Watch | None, name: Path | None) -> None:
         """Handle one decoded inotify event (the boundary tests inject overflows at)."""
@@ -444,7 +439,7 @@ class QueueWatcher:
         if archived and job_id in skip_final:
             return None
         try:
-            data = self._read_bytes(path)
+            data = read_job_file(path, self.max_file_bytes)
         except FileNotFoundError:
             # Archived (or removed) since it was marked: its new name brings its own event.
             self.stats.vanished += 1
@@ -468,35 +463,6 @@ class QueueWatcher:
         self.stats.versions += 1
         self._m_versions.inc()
         return JobVersion(self.backend, job, archived)
-
-    def _read_bytes(self, path: str) -> bytes:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise JobFileError("a symlink; Ganeti writes job files as regular files") from None
-            raise
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise JobFileError("not a regular file")
-            if info.st_size > self.max_file_bytes:
-                raise JobFileError(
-                    f"{info.st_size} bytes, more than the {self.max_file_bytes} a job file may have"
-                )
-            chunks = []
-            size = 0
-            while True:
-                chunk = os.read(fd, max(info.st_size + 1, 65536))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > self.max_file_bytes:
-                    raise JobFileError(f"more than the {self.max_file_bytes} bytes a job file may have")
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        finally:
-            os.close(fd)
 
     def _bad_file(self, path: str, exc: BaseException) -> None:
         reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
