@@ -34,27 +34,21 @@ can be divided by the waves it waited.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import time
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
 from typing import Literal
 
 from synnefo_ganeti.allocate._addresses import address_shortage
+from synnefo_ganeti.allocate._backend_state import BackendState, sync_out
 from synnefo_ganeti.allocate._catalog import refusals
-from synnefo_ganeti.allocate._liveness import (
-    NodeChange,
-    NodeLiveness,
-    NodeState,
-    NodeStateName,
-    usability_changes,
-)
-from synnefo_ganeti.allocate._nodes import NodeLoad, NodeLoads, choose_nodes
+from synnefo_ganeti.allocate._liveness import NodeLiveness
+from synnefo_ganeti.allocate._node_signs import NodeSigns
+from synnefo_ganeti.allocate._nodes import NodeLoad, choose_nodes
 from synnefo_ganeti.allocate._views import BackendView, Pending, Requirement, Reservation
 from synnefo_ganeti.errors import NoCapacityError
-from synnefo_ganeti.rapi import InstanceSpec, Node
+from synnefo_ganeti.rapi import InstanceSpec
 
 __all__ = [
     "Allocator",
@@ -73,29 +67,7 @@ DEFAULT_SMOOTHING = 0.2  # weight of each new create time in the per-backend mea
 _UNBOUNDED = 1_000_000_000  # credits of a backend no resource constrains
 
 
-@dataclass(slots=True)
-class _Backend:
-    view: BackendView
-    order: int
-    #: its nodes down or offline (out of placement and of its capacity)
-    liveness: NodeLiveness
-    reservations: dict[int, Reservation] = field(default_factory=dict)
-    #: what ``reservations`` put on each node (kept with them: every change goes through it)
-    loads: NodeLoads = field(default_factory=NodeLoads)
-    # id -> monotonic time the job was accounted; dropped by the first update read after it.
-    accounted: dict[int, float] = field(default_factory=dict)
-    # id -> creates ahead of it (in flight when placed; in Ganeti when submitted), until its job ends.
-    queue: dict[int, int] = field(default_factory=dict)
-    sent: set[int] = field(default_factory=set)  # ids in ``queue`` that Ganeti has
-    create_seconds: float | None = None  # learned by finished(); None until a create ended
-    last_chosen: int = -1
-    # node -> monotonic time a create there failed for lack of room; out until stats read after it
-    full: dict[str, float] = field(default_factory=dict)
-    # read_at of the node read that saw a node back; the backend is due for stats read since
-    returned: float | None = None
-
-
-class Allocator:
+class Allocator(NodeSigns):
     """Chooses a backend per spec and tracks what is in flight to each.
 
     ``create_seconds`` is the time one create holds its node assumed before any create
@@ -119,7 +91,7 @@ class Allocator:
         self.strategy: Strategy = strategy
         self.default_create_seconds = create_seconds
         self.smoothing = smoothing
-        self._backends: dict[str, _Backend] = {}
+        self._backends: dict[str, BackendState] = {}
         self._ids = itertools.count(1)
         self._placements = itertools.count()
 
@@ -141,12 +113,12 @@ class Allocator:
         """
         backend = self._backends.get(view.name)
         if backend is None:
-            backend = _Backend(view=view, order=len(self._backends), liveness=NodeLiveness(view.name))
+            backend = BackendState(view=view, order=len(self._backends), liveness=NodeLiveness(view.name))
             self._backends[view.name] = backend
-            _sync_out(backend)
+            sync_out(backend)
             return
         backend.view = view
-        _sync_out(backend)
+        sync_out(backend)
         if backend.returned is not None and view.stats_at is not None and view.stats_at >= backend.returned:
             backend.returned = None
         for rid, at in list(backend.accounted.items()):
@@ -222,7 +194,7 @@ class Allocator:
 
     # -- decisions ---------------------------------------------------------------------------
 
-    def _assess(self, backend: _Backend, req: Requirement, now: float) -> tuple[int, str | None]:
+    def _assess(self, backend: BackendState, req: Requirement, now: float) -> tuple[int, str | None]:
         view = backend.view
         if view.drained:
             return 0, "drained"
@@ -275,14 +247,14 @@ class Allocator:
     def _requirement(self, spec: InstanceSpec | Requirement) -> Requirement:
         return spec if isinstance(spec, Requirement) else Requirement.of(spec)
 
-    def _ranked(self, req: Requirement, now: float) -> list[tuple[_Backend, int]]:
-        eligible: list[tuple[_Backend, int]] = []
+    def _ranked(self, req: Requirement, now: float) -> list[tuple[BackendState, int]]:
+        eligible: list[tuple[BackendState, int]] = []
         for backend in self._backends.values():
             credits, reason = self._assess(backend, req, now)
             if reason is None:
                 eligible.append((backend, credits))
 
-        def key(item: tuple[_Backend, int]) -> tuple[float, int, int, int]:
+        def key(item: tuple[BackendState, int]) -> tuple[float, int, int, int]:
             backend, credits = item
             if self.strategy == "round_robin":
                 return (0.0, 0, backend.last_chosen, backend.order)
@@ -349,7 +321,7 @@ class Allocator:
                 backend = candidate
                 break
             name = candidate.view.name
-            found = choose_nodes(candidate.view, req, self.node_loads(name), candidate.full)
+            found = choose_nodes(candidate.view, req, self.node_loads(name), candidate.excluded(now))
             if isinstance(found, str):
                 no_node[name] = found
                 continue
@@ -366,68 +338,6 @@ class Allocator:
         backend.loads.add(reservation, in_flight=True)
         backend.last_chosen = next(self._placements)
         return reservation
-
-    def node_full(self, reservation: Reservation, *, now: float | None = None) -> None:
-        """The create failed for lack of room on its nodes (stale stats): they are out of node
-        choice until stats read after ``now`` (the backend is due for a refresh meanwhile)."""
-        backend = self._backends.get(reservation.name)
-        if backend is not None:
-            at = time.monotonic() if now is None else now
-            for node in reservation.nodes:
-                backend.full[node] = at
-
-    # -- nodes down or offline (see ._liveness) ------------------------------------------------
-
-    def nodes_seen(
-        self, name: str, nodes: Iterable[Node], *, read_at: float, now: float | None = None
-    ) -> list[NodeChange]:
-        """A read of every node of ``name`` begun at ``read_at`` (monotonic): nodes without live
-        figures (or offline) out of placement, those with them back (read after the last sign
-        against them); the changes. A node back makes the backend due for fresh stats; so does
-        one drained (out of node choice at once) or undrained since the stats."""
-        backend = self._backends.get(name)
-        if backend is None:
-            return []
-        now = time.monotonic() if now is None else now
-        nodes = list(nodes)
-        changes = backend.liveness.seen(nodes, read_at=read_at, now=now)
-        drained, undrained = usability_changes(backend.view.nodes, nodes)
-        for node in drained:
-            backend.full.setdefault(node, read_at)  # until stats read since, which say it
-        if undrained or any(change.state is None for change in changes):
-            backend.returned = read_at  # its figures: in the stats of this read, or a later one
-        _sync_out(backend)
-        return changes
-
-    def node_failed(
-        self,
-        name: str,
-        node: str,
-        state: NodeStateName = "down",
-        detail: str | None = None,
-        *,
-        now: float | None = None,
-    ) -> NodeChange | None:
-        """A job failed naming ``node`` of ``name`` (an RPC to it failed, it is offline): out of
-        placement at once, until a node read begun after now shows its figures; the change."""
-        backend = self._backends.get(name)
-        if backend is None:
-            return None
-        change = backend.liveness.failed(node, state, detail, now=now)
-        _sync_out(backend)
-        return change
-
-    def node_refused(self, name: str, node: str, *, now: float | None = None) -> None:
-        """Ganeti refused ``node`` for a reason its next stats show (drained, not vm_capable): out
-        of node choice until stats read after ``now``, as :meth:`node_full`."""
-        backend = self._backends.get(name)
-        if backend is not None:
-            backend.full[node] = time.monotonic() if now is None else now
-
-    def node_states(self, name: str) -> dict[str, NodeState]:
-        """The nodes of ``name`` down or offline now, and since when and why."""
-        backend = self._backends.get(name)
-        return {} if backend is None else dict(backend.liveness.states)
 
     def release(self, reservation: Reservation) -> bool:
         """Give a reservation's capacity back (the create failed or was never sent)."""
@@ -509,10 +419,3 @@ class Allocator:
                 raise
             done.append(reservation)
         return done
-
-
-def _sync_out(backend: _Backend) -> None:
-    """The view's ``out_nodes`` as the backend's node liveness says."""
-    out = backend.liveness.out
-    if backend.view.out_nodes != out:
-        backend.view = dataclasses.replace(backend.view, out_nodes=out)

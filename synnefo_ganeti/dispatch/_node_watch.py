@@ -17,7 +17,15 @@ too seldom to notice. So this mixin adds three signs, each acted on at once in t
   ``on_commit`` (:meth:`_note_node_faults`, which never blocks; the submitter calls it). A node
   refused as drained or not vm_capable is left out of node choice until the next stats, which
   say so themselves; so is one the node read shows drained (``gnt-node modify --drained`` behind
-  the dispatcher's back) while the stats still take it for usable, and the stats are read at once.
+  the dispatcher's back) while the stats still take it for usable, and the stats are read at once;
+* a job that drains a node, sets it offline or removes it (``nodes drain``, ``gnt-node modify``:
+  :func:`~synnefo_ganeti.jobs.node_taken_out`), seen by the queue watcher as soon as Ganeti
+  writes its file (queued), holds the node out of node choice until it ends
+  (:meth:`~synnefo_ganeti.allocate.Allocator.hold_node`), and after a success until stats read
+  since (:meth:`_node_job_seen`, through :class:`NodeJobsSink`). Without it a create placed while
+  the drain waits for the node's lock reached Ganeti after the drain, to be refused there. Only
+  the dispatcher that reads the job's file holds (the follow lease's holder); the others take the
+  stats it stores, read at once after the job.
 
 Several dispatchers on one PostgreSQL database read each backend's nodes once: the holder of its
 follow lease (:mod:`._leases`) reads them every ``health_interval`` as above and writes their
@@ -41,16 +49,20 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from synnefo_ganeti.allocate import NodeChange, NodeState
 from synnefo_ganeti.dispatch._base import DispatcherBase
 from synnefo_ganeti.errors import GanetiError
-from synnefo_ganeti.jobs import JobSummary
+from synnefo_ganeti.jobs import JobFile, JobStatus, JobSummary, node_taken_out
 from synnefo_ganeti.rapi import Node
-from synnefo_ganeti.store import NodeFault, NodeRow, node_fault
+from synnefo_ganeti.store import JobVersion, NodeFault, NodeRow, Store, node_fault
 
-__all__ = ["NODES_TASK", "NodeWatch"]
+__all__ = ["NODES_TASK", "NodeJobsSink", "NodeWatch"]
+
+#: the opcodes :func:`~synnefo_ganeti.jobs.node_taken_out` looks into
+_NODE_OPS = frozenset({"OP_NODE_SET_PARAMS", "OP_NODE_REMOVE"})
 
 log = logging.getLogger("synnefo_ganeti.dispatch")
 
@@ -91,6 +103,31 @@ class NodeWatch(DispatcherBase):
                 self._node_signs.setdefault(backend, set()).add(fault.node)
                 self._node_wake.set()
         return first
+
+    def _node_job_seen(self, backend: str, job: JobFile) -> None:
+        """A version of a job with a node op, as the watcher read it (before the store has it):
+        a node it takes out is held out of node choice while the op has not ended, and after
+        it succeeded until the next stats (see the module)."""
+        if backend not in self._backends:
+            return
+        for op in job.ops:
+            node = node_taken_out(op.op_id, op.input)
+            if node is None:
+                continue
+            if not op.status.is_final:
+                if node not in self.allocator.held_nodes(backend):
+                    log.info(
+                        "backend %s: node %s out of node choice while job %s (%s) runs",
+                        backend, node, job.job_id, op.op_id,
+                    )  # fmt: skip
+                self.allocator.hold_node(backend, node, job.job_id)
+            elif job.end_time is None or job.end_time >= self.stats.started_at:
+                ok = op.status is JobStatus.SUCCESS
+                self.allocator.job_ended(backend, node, job.job_id, ok=ok)
+                log.info(
+                    "backend %s: job %s (%s of node %s) %s; %s", backend, job.job_id, op.op_id, node,
+                    op.status.value, "the node out until fresh stats" if ok else "the node placed on again",
+                )  # fmt: skip
 
     def _node_left(self, change: NodeChange) -> None:
         """A node went down or offline (see :class:`~synnefo_ganeti.dispatch._moves.NodeMoves`)."""
@@ -238,3 +275,27 @@ class NodeWatch(DispatcherBase):
             self._nodes_written.pop(backend, None)
             return False
         return True
+
+
+class NodeJobsSink:
+    """The store, as a dispatcher's queue watcher hands it versions: a version of a job with a
+    node op (``OP_NODE_SET_PARAMS``, ``OP_NODE_REMOVE``) is shown to ``seen`` first
+    (:meth:`NodeWatch._node_job_seen`), so that placement knows of a drain as soon as Ganeti
+    queued it, before the version's transaction commits."""
+
+    __slots__ = ("_seen", "_store")
+
+    def __init__(self, store: Store, seen: Callable[[str, JobFile], None]) -> None:
+        self._store = store
+        self._seen = seen
+
+    async def put(self, version: JobVersion) -> None:
+        job = version.job
+        for op in job.ops:
+            if op.op_id in _NODE_OPS:
+                self._seen(version.backend, job)
+                break
+        await self._store.put(version)
+
+    async def archived_final_job_ids(self, backend: str) -> set[int]:
+        return await self._store.archived_final_job_ids(backend)

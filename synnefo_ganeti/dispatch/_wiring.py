@@ -27,7 +27,7 @@ from synnefo_ganeti.config import BackendSettings
 from synnefo_ganeti.dispatch._base import _Backend, _replace
 from synnefo_ganeti.dispatch._follow import RecordedJobs
 from synnefo_ganeti.dispatch._leases import FollowLeases
-from synnefo_ganeti.dispatch._node_watch import NODES_TASK
+from synnefo_ganeti.dispatch._node_watch import NODES_TASK, NodeJobsSink
 from synnefo_ganeti.dispatch._stats import StatsReads
 from synnefo_ganeti.dispatch._tracker import JobTracker
 from synnefo_ganeti.errors import GanetiError
@@ -60,7 +60,11 @@ class BackendWiring(StatsReads):
             # several dispatchers watching one folder: the follow lease's holder reads every
             # file, the others the files of the creates they submitted (their ends, at once)
             entry.watcher = QueueWatcher(
-                queue_dir, self.store, name, wants=self._watched_jobs(name), ends_only=self._ends_only(name)
+                queue_dir,
+                NodeJobsSink(self.store, self._node_job_seen),  # drains held at once (_node_watch)
+                name,
+                wants=self._watched_jobs(name),
+                ends_only=self._ends_only(name),
             )
             entry.tasks.append(self.supervisor.start(f"watch {name}", entry.watcher.run()))
         else:

@@ -11,6 +11,7 @@ from synnefo_ganeti.jobs._files import (
     LogLine,
     OpState,
     job_events,
+    node_taken_out,
     op_instance,
     parse_job_file,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "VersionKey",
     "calc_job_status",
     "job_events",
+    "node_taken_out",
     "op_instance",
     "parse_job_file",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "LogLine",
     "OpState",
     "job_events",
+    "node_taken_out",
     "op_instance",
     "parse_job_file",
 ]
@@ -117,6 +118,23 @@ def op_instance(op_input: Mapping[str, Any]) -> str | None:
         single = instances[0].get("instance_name")
         return single if isinstance(single, str) else None
     return None
+
+
+def node_taken_out(op_id: str, op_input: Mapping[str, Any]) -> str | None:
+    """The node an opcode takes out of new placement, if any: a node modify that drains it,
+    sets it offline or not ``vm_capable`` (``OP_NODE_SET_PARAMS``), or its removal
+    (``OP_NODE_REMOVE``). Ganeti refuses creates there once such a job succeeds."""
+    if op_id == "OP_NODE_SET_PARAMS":
+        if not (
+            op_input.get("drained") is True
+            or op_input.get("offline") is True
+            or op_input.get("vm_capable") is False
+        ):
+            return None
+    elif op_id != "OP_NODE_REMOVE":
+        return None
+    node = op_input.get("node_name")
+    return node if isinstance(node, str) and node else None
 
 
 def _op(index: int, raw: Any) -> OpState:
