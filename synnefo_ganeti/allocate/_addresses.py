@@ -24,7 +24,7 @@ taken).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,7 +176,7 @@ def network_refusals(pools: Mapping[str, NetworkPool], spec: InstanceSpec) -> li
 
 
 def address_shortage(
-    pools: Mapping[str, NetworkPool], spec: InstanceSpec, pending: Sequence[InstanceSpec | None] = ()
+    pools: Mapping[str, NetworkPool], spec: InstanceSpec, pending: Iterable[InstanceSpec | None] = ()
 ) -> str | None:
     """Why this backend cannot give ``spec``'s NICs their addresses now (None: it can):
     a pool with fewer free addresses than the NICs asking for one (and those of the creates

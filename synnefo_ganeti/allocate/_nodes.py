@@ -19,7 +19,7 @@ itself, from the node stats it already reads (``GET /2/nodes?bulk=1``):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from synnefo_ganeti.allocate._views import BackendView, Requirement, Reservation
@@ -69,12 +69,17 @@ class NodeLoads:
     it, and summing every reservation each time made a burst's placements quadratic (thousands
     of reservations stay until the node stats show them). The allocator calls :meth:`add` and
     :meth:`remove` with each reservation it keeps or drops, :meth:`landed` when one's create is
-    in flight no more; ``of_nodes()`` is then what :func:`node_loads` would sum."""
+    in flight no more; ``of_nodes()`` is then what :func:`node_loads` would sum. ``memory``,
+    ``disk`` and ``count`` are the reservations' totals (the backend's pending capacity, which
+    every placement reads too), placed on named nodes or not."""
 
-    __slots__ = ("_by_node",)
+    __slots__ = ("_by_node", "count", "disk", "memory")
 
     def __init__(self) -> None:
         self._by_node: dict[str, NodeLoad] = {}
+        self.memory = 0
+        self.disk = 0
+        self.count = 0
 
     def add(self, reservation: Reservation, *, in_flight: bool) -> None:
         self._apply(reservation, 1, creates=in_flight)
@@ -94,8 +99,16 @@ class NodeLoads:
             if load.memory or load.disk or load.creates
         }
 
+    def live(self) -> Mapping[str, NodeLoad]:
+        """The loads themselves, not a copy (nodes of no reservation left may be in it, at zero):
+        for reading only, as a placement does."""
+        return self._by_node
+
     def _apply(self, reservation: Reservation, sign: int, *, creates: bool) -> None:
         req = reservation.requirement
+        self.memory += sign * req.memory
+        self.disk += sign * req.disk
+        self.count += sign
         for index, name in enumerate(reservation.nodes):
             load = self._by_node.setdefault(name, NodeLoad())
             if index == 0:
@@ -110,10 +123,10 @@ def _room(node: Node, load: NodeLoad) -> tuple[int, int]:
 
 
 def choose_nodes(
-    view: BackendView, req: Requirement, loads: dict[str, NodeLoad], full: Collection[str] = ()
+    view: BackendView, req: Requirement, loads: Mapping[str, NodeLoad], full: Collection[str] = ()
 ) -> tuple[str, str | None] | str:
     """``(pnode, snode)`` (``snode`` None unless the template is mirrored), or why none fits."""
-    usable = [node for node in view.usable_nodes if node.name not in full]
+    usable = [node for node in view.usable_nodes if node.name not in full] if full else view.usable_nodes
     if not usable:
         return "no usable node (offline, drained, not vm_capable, or full since the last node stats)"
     empty = NodeLoad()
@@ -128,11 +141,12 @@ def choose_nodes(
         mem_left, disk_left = _room(node, load)
         return (load.creates, -mem_left, -disk_left, node.name)
 
-    primaries = sorted((node for node in usable if fits(node, req.memory)), key=key)
-    if not primaries:
+    fitting = [node for node in usable if fits(node, req.memory)]
+    if not fitting:
         return f"no node has room for {req.describe()} (less what is in flight there)"
     if req.disk_template not in MIRRORED_TEMPLATES:
-        return primaries[0].name, None
+        return min(fitting, key=key).name, None
+    primaries = sorted(fitting, key=key)
     for primary in primaries:
         seconds = sorted(
             (

@@ -143,9 +143,9 @@ class Allocator(NodeSigns):
         return self._backends[name].view
 
     def pending(self, name: str) -> Pending:
-        backend = self._backends[name]
-        reqs = [r.requirement for r in backend.reservations.values()]
-        return Pending(sum(r.memory for r in reqs), sum(r.disk for r in reqs), len(reqs))
+        """What the reservations of ``name`` hold that its node stats do not show yet."""
+        loads = self._backends[name].loads
+        return Pending(loads.memory, loads.disk, loads.count)
 
     def node_loads(self, name: str) -> dict[str, NodeLoad]:
         """Per node of ``name``: what is reserved there and not in its stats, and the creates
@@ -171,12 +171,12 @@ class Allocator(NodeSigns):
 
     def drain_rate(self, name: str) -> float:
         """Creates per second ``name`` can finish: usable nodes / :meth:`create_seconds`."""
-        return len(self._backends[name].view.usable_nodes) / self.create_seconds(name)
+        return self._backends[name].view.usable_count / self.create_seconds(name)
 
     def expected_finish(self, name: str) -> float:
         """Seconds until a create placed on ``name`` now would end: ``ceil((q + 1) / n) * d``."""
         backend = self._backends[name]
-        nodes = max(1, len(backend.view.usable_nodes))
+        nodes = max(1, backend.view.usable_count)
         return math.ceil((len(backend.queue) + 1) / nodes) * self.create_seconds(name)
 
     def due_for_refresh(self, *, interval: float, now: float | None = None) -> list[str]:
@@ -206,7 +206,8 @@ class Allocator(NodeSigns):
             refused = refusals(view.catalog, req.spec)
             if refused:
                 return 0, ", ".join(r.reason for r in refused)
-            pending_specs = [r.requirement.spec for r in backend.reservations.values()]
+            # (read only when the spec asks for addresses)
+            pending_specs = (r.requirement.spec for r in backend.reservations.values())
             short = address_shortage(view.catalog.networks or {}, req.spec, pending_specs)
             if short is not None:
                 return 0, short
@@ -321,7 +322,7 @@ class Allocator(NodeSigns):
                 backend = candidate
                 break
             name = candidate.view.name
-            found = choose_nodes(candidate.view, req, self.node_loads(name), candidate.excluded(now))
+            found = choose_nodes(candidate.view, req, candidate.loads.live(), candidate.excluded(now))
             if isinstance(found, str):
                 no_node[name] = found
                 continue
@@ -398,7 +399,7 @@ class Allocator(NodeSigns):
         self.accounted(reservation, now=now)
         if ahead is None or seconds <= 0 or not math.isfinite(seconds):
             return  # already accounted (its queue place forgotten), or a meaningless time
-        nodes = max(1, len(backend.view.usable_nodes))
+        nodes = max(1, backend.view.usable_count)
         sample = seconds * nodes / max(nodes, ahead + 1)
         if backend.create_seconds is None:
             backend.create_seconds = sample

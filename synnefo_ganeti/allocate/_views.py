@@ -81,35 +81,75 @@ class BackendView:
     catalog: Catalog | None = None
     out_nodes: frozenset[str] = frozenset()
 
+    #: the usable nodes and their sums, worked out once per view (every placement reads them)
+    _usable: _Usable | None = field(default=None, init=False, repr=False, compare=False)
+
+    def _aggregate(self) -> _Usable:
+        usable = self._usable
+        if usable is None:
+            usable = _Usable.of(self.nodes, self.out_nodes)
+            object.__setattr__(self, "_usable", usable)
+        return usable
+
     @property
     def usable_nodes(self) -> list[Node]:
-        return [
-            n
-            for n in self.nodes
-            if not n.offline and not n.drained and n.vm_capable is not False and n.name not in self.out_nodes
-        ]
+        return list(self._aggregate().nodes)
+
+    @property
+    def usable_count(self) -> int:
+        return len(self._aggregate().nodes)
 
     @property
     def free_memory(self) -> int:
-        return sum(n.mfree or 0 for n in self.usable_nodes)
+        return self._aggregate().free_memory
 
     @property
     def largest_free_memory(self) -> int:
-        return max((n.mfree or 0 for n in self.usable_nodes), default=0)
+        return self._aggregate().largest_free_memory
 
     @property
     def free_disk(self) -> int:
-        return sum(n.dfree or 0 for n in self.usable_nodes)
+        return self._aggregate().free_disk
 
     @property
     def largest_free_disk(self) -> int:
-        return max((n.dfree or 0 for n in self.usable_nodes), default=0)
+        return self._aggregate().largest_free_disk
 
     @property
     def max_vcpus(self) -> int | None:
         """The most CPUs of a usable node, ``None`` when no node reports it."""
-        known = [n.ctotal for n in self.usable_nodes if n.ctotal is not None]
-        return max(known) if known else None
+        return self._aggregate().max_vcpus
+
+
+@dataclass(frozen=True, slots=True)
+class _Usable:
+    """A view's usable nodes (not offline, not drained, vm_capable, not down) and their sums."""
+
+    nodes: tuple[Node, ...]
+    free_memory: int
+    largest_free_memory: int
+    free_disk: int
+    largest_free_disk: int
+    max_vcpus: int | None
+
+    @classmethod
+    def of(cls, nodes: list[Node], out: frozenset[str]) -> _Usable:
+        usable = tuple(
+            n
+            for n in nodes
+            if not n.offline and not n.drained and n.vm_capable is not False and n.name not in out
+        )
+        memory = [n.mfree or 0 for n in usable]
+        disk = [n.dfree or 0 for n in usable]
+        cpus = [n.ctotal for n in usable if n.ctotal is not None]
+        return cls(
+            nodes=usable,
+            free_memory=sum(memory),
+            largest_free_memory=max(memory, default=0),
+            free_disk=sum(disk),
+            largest_free_disk=max(disk, default=0),
+            max_vcpus=max(cpus) if cpus else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)

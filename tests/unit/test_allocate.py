@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections import Counter
 
@@ -362,3 +363,34 @@ def test_never_reserves_more_memory_than_free(frees: list[list[int]], ops: list[
             held.append(alloc.place(spec(op)))
         for name in alloc.backends:
             assert alloc.pending(name).memory <= alloc.view(name).free_memory
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(st.integers(1, 2 * GIB), st.just(-1), st.just(-2), st.just(-3)),
+        max_size=80,
+    ),
+    nodes=st.booleans(),
+)
+def test_the_pending_totals_kept_are_the_reservations_sums(ops: list[int], nodes: bool) -> None:
+    # Allocator.pending keeps running totals (every placement reads them): after any sequence of
+    # placements, releases, ends and fresh stats they equal a sum over the reservations kept
+    alloc = allocator(view("b", 16 * GIB, 16 * GIB))
+    held: list[Reservation] = []
+    now = 0.0
+    for op in ops:
+        now += 1.0
+        if op == -1 and held:
+            alloc.release(held.pop(0))
+        elif op == -2 and held:
+            alloc.finished(held.pop(0), 0.5, now=now)
+        elif op == -3:  # fresh stats: the accounted ones go
+            alloc.update(dataclasses.replace(alloc.view("b"), stats_at=now))
+        elif op > 0:
+            with contextlib.suppress(NoCapacityError):
+                held.append(alloc.place(spec(op, disk=op // 4), nodes=nodes, now=now))
+        kept = alloc._backends["b"].reservations.values()
+        expected = (sum(r.requirement.memory for r in kept), sum(r.requirement.disk for r in kept), len(kept))
+        pending = alloc.pending("b")
+        assert (pending.memory, pending.disk, pending.count) == expected
