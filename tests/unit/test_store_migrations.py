@@ -385,3 +385,53 @@ async def test_0009_indexes_the_instances_by_name(db_url: str, engine: AsyncEngi
         assert (await _run(engine, definition)).endswith("USING btree (name)")
     await _run(engine, _command, "downgrade", "0008")
     assert "ix_instances_name" not in await _run(engine, indexes)
+
+
+async def test_0019_names_the_feed_sequence_once_and_the_feed_works_both_ways(pg_url: str) -> None:
+    """0019's change-id trigger and horizon name the sequence as the migration found it (no
+    ``pg_get_serial_sequence`` or ``EXECUTE`` a call); the ids and the horizon are the same before
+    and after, and again after its downgrade. PostgreSQL only (SQLite has neither function)."""
+    from sqlalchemy import text
+
+    engine = create_async_engine(normalize_url(pg_url))
+    try:
+        await _feed_functions_both_ways(engine, text)
+    finally:
+        await engine.dispose()
+
+
+async def _feed_functions_both_ways(engine: AsyncEngine, text: Any) -> None:
+    await upgrade(engine)
+
+    def bodies(connection: Connection) -> str:
+        query = (
+            "SELECT string_agg(prosrc, ' ') FROM pg_proc WHERE proname IN "
+            "('synnefo_ganeti_change_id', 'synnefo_ganeti_feed_horizon')"
+        )
+        return str(connection.execute(text(query)).scalar_one())
+
+    def write_and_read(connection: Connection) -> tuple[int, int, list[str]]:
+        connection.execute(
+            text("INSERT INTO changes (kind, key, status, at) VALUES ('request', 'r', 'pending', 0)")
+        )
+        new = connection.execute(text("SELECT max(id) FROM changes")).scalar_one()
+        last_id, writers = connection.execute(
+            text("SELECT last_id, writers FROM synnefo_ganeti_feed_horizon()")
+        ).one()
+        return int(new), int(last_id), list(writers)
+
+    for step in (None, "downgrade", "upgrade"):
+        if step == "downgrade":
+            await _run(engine, _command, "downgrade", "0018")
+        elif step == "upgrade":
+            await _run(engine, _command, "upgrade", "head")
+        body = await _run(engine, bodies)
+        assert ("pg_get_serial_sequence" in body) is (step == "downgrade"), body
+        new, last_id, writers = await _run(engine, write_and_read)
+        # this transaction wrote a change: it holds the feed writers' lock, its id is the last
+        assert last_id == new and len(writers) == 1
+        async with engine.connect() as other:  # another session: no writer now
+            row = (
+                await other.execute(text("SELECT last_id, writers FROM synnefo_ganeti_feed_horizon()"))
+            ).one()
+            assert (row.last_id, list(row.writers)) == (new, [])
