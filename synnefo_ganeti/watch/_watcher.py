@@ -110,6 +110,7 @@ class QueueWatcher:
         archive: bool = True,
     ) -> None:
         self.queue_dir = Path(queue_dir)
+        self._queue_path = os.fspath(self.queue_dir)
         #: which jobs' files to read now (None: all). Several dispatchers that watch one queue
         #: folder read all of it one at a time, the holder of the backend's follow lease
         #: (dispatch/_leases.py); the others read only the jobs they submitted themselves (to
@@ -254,7 +255,7 @@ class QueueWatcher:
         while offset < end:
             wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
             offset += size
-            name: Path | None = None
+            name: str | None = None
             if length:
                 raw = data[offset : offset + length].rstrip(b"\0")
                 offset += length
@@ -264,16 +265,19 @@ class QueueWatcher:
                     if not mask & _ISDIR and (raw[:4] != b"job-" or not raw[4:].isdigit()):
                         self.stats.events += 1  # a temp file, serial, ...: nothing to do
                         continue
-                    name = Path(os.fsdecode(raw))
+                    name = os.fsdecode(raw)
             watch = watches.get(wd)
             if mask & _IGNORED:
                 watches.pop(wd, None)
-            self.on_event(Mask(mask), watch, name)
+            self.on_event(mask, watch, name)
 
-    def on_event(self, mask: Mask, watch: Watch | None, name: Path | None) -> None:
-        """Handle one decoded inotify event (the boundary tests inject overflows at)."""
+    def on_event(self, mask: int, watch: Watch | None, name: str | os.PathLike[str] | None) -> None:
+        """Handle one decoded inotify event (the boundary tests inject overflows at): its mask
+        (an ``int``: a flag enum's every ``&`` made a new member, slow per event; a ``Mask`` is
+        taken too) and the name in the watched folder. A job file's version that another
+        dispatcher reads (``wants``) is dropped here, before it is marked."""
         self.stats.events += 1
-        bits = int(mask)  # (a flag enum's every ``&`` makes a new member: slow, per event)
+        bits = int(mask)
         if bits & _OVERFLOW:
             self.stats.overflows += 1
             log.warning("inotify queue overflow on %s: rescanning (no change is lost)", self.queue_dir)
@@ -282,7 +286,7 @@ class QueueWatcher:
         if watch is None:
             return
         folder = os.fspath(watch.path)
-        queue = os.fspath(self.queue_dir)
+        queue = self._queue_path
         if bits & _SELF_GONE_BITS:
             if watch is self._root_watch or folder == queue:
                 raise _WatchLost
@@ -302,7 +306,14 @@ class QueueWatcher:
                 self._watch_folder(path)
                 self._scan_folder(path, archived=True)
             return
-        if bits & _FILE_EVENTS_BITS and JOB_NAME.match(entry):
+        if bits & _FILE_EVENTS_BITS:
+            match = JOB_NAME.match(entry)
+            if match is None:
+                return
+            wants = self.wants
+            if wants is not None and not wants(int(match.group(1))):
+                self.stats.paused += 1  # (look_at marks a create's file its submitter learns of later)
+                return
             self._mark(os.path.join(folder, entry), folder != queue)
 
     def _watch_archive(self) -> None:

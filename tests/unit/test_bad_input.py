@@ -487,9 +487,9 @@ async def test_inotify_overflow_rescans(db_url: str, queue: Path, caplog: pytest
         lost: list[str] = []
         deliver = watcher.on_event
 
-        def losing(mask: Mask, watch: Any, name: Path | None) -> None:
-            if name is not None and name.name.startswith("job-"):
-                lost.append(name.name)
+        def losing(mask: int, watch: Any, name: str | None) -> None:
+            if name is not None and name.startswith("job-"):
+                lost.append(name)
                 return
             deliver(mask, watch, name)
 
