@@ -96,16 +96,31 @@ class JobFile:
         return max((op.last_serial for op in self.ops), default=0)
 
 
-def _time(value: Any, what: str) -> float | None:
+#: a status's value -> the status (an enum's call is slow: once an op a version)
+_STATUSES: dict[str, JobStatus] = {status.value: status for status in JobStatus}
+
+
+class _NotATime(Exception):
+    pass
+
+
+def _seconds(value: Any) -> float | None:
+    """Ganeti's ``[seconds, microseconds]`` as a float (None for None); :class:`_NotATime` else.
+    (``type(...) is int``: JSON's integers, not its booleans; read ten times a version.)"""
     if value is None:
         return None
-    if (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    ):
-        return float(value[0] + value[1] / 1_000_000)
-    raise JobFileError(f"{what} is {value!r}, not [seconds, microseconds]")
+    if type(value) is list and len(value) == 2:
+        seconds, micro = value
+        if type(seconds) is int and type(micro) is int:
+            return float(seconds + micro / 1_000_000)
+    raise _NotATime
+
+
+def _time(value: Any, what: str) -> float | None:
+    try:
+        return _seconds(value)
+    except _NotATime:
+        raise JobFileError(f"{what} is {value!r}, not [seconds, microseconds]") from None
 
 
 def op_instance(op_input: Mapping[str, Any]) -> str | None:
@@ -143,10 +158,9 @@ def _op(index: int, raw: Any) -> OpState:
     op_input = raw.get("input")
     if not isinstance(op_input, dict) or not isinstance(op_input.get("OP_ID"), str):
         raise JobFileError(f"op {index} has no input with an OP_ID")
-    try:
-        status = JobStatus(str(raw.get("status")))
-    except ValueError:
-        raise JobFileError(f"op {index} has status {raw.get('status')!r}, not one of Ganeti's") from None
+    status = _STATUSES.get(str(raw.get("status")))
+    if status is None:
+        raise JobFileError(f"op {index} has status {raw.get('status')!r}, not one of Ganeti's")
     log_raw = raw.get("log") or []
     if not isinstance(log_raw, list):
         raise JobFileError(f"op {index} log is not a list")
@@ -154,10 +168,25 @@ def _op(index: int, raw: Any) -> OpState:
     for entry in log_raw:
         if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], int)):
             raise JobFileError(f"op {index} has a log entry {entry!r:.80}, not [serial, time, type, message]")
-        when = _time(entry[1], f"op {index} log {entry[0]} time")
+        try:
+            when = _seconds(entry[1])
+        except _NotATime:
+            _time(entry[1], f"op {index} log {entry[0]} time")  # (raises, naming it)
+            raise
         message = entry[3] if isinstance(entry[3], str) else json.dumps(entry[3])
         log.append(LogLine(entry[0], when or 0.0, str(entry[2]), message))
-    log.sort(key=lambda line: line.serial)
+    if len(log) > 1:
+        log.sort(key=_serial)
+    try:
+        start, exec_, end = (
+            _seconds(raw.get("start_timestamp")),
+            _seconds(raw.get("exec_timestamp")),
+            _seconds(raw.get("end_timestamp")),
+        )
+    except _NotATime:
+        for key in ("start_timestamp", "exec_timestamp", "end_timestamp"):
+            _time(raw.get(key), f"op {index} {key}")  # (the first bad one raises, naming it)
+        raise
     return OpState(
         index=index,
         op_id=op_input["OP_ID"],
@@ -165,11 +194,15 @@ def _op(index: int, raw: Any) -> OpState:
         instance=op_instance(op_input),
         result=raw.get("result"),
         log=tuple(log),
-        start_time=_time(raw.get("start_timestamp"), f"op {index} start_timestamp"),
-        exec_time=_time(raw.get("exec_timestamp"), f"op {index} exec_timestamp"),
-        end_time=_time(raw.get("end_timestamp"), f"op {index} end_timestamp"),
+        start_time=start,
+        exec_time=exec_,
+        end_time=end,
         input=op_input,
     )
+
+
+def _serial(line: LogLine) -> int:
+    return line.serial
 
 
 def parse_job_file(data: bytes) -> JobFile:
@@ -265,34 +298,40 @@ def job_events(previous: JobFile | JobSummary | None, current: JobFile) -> list[
     for op in current.ops:
         before = previous.ops[op.index] if previous is not None and op.index < len(previous.ops) else None
         changed = before is None or before.status is not op.status
-        status_event = JobEvent(
-            job_id=job_id,
-            kind=EventKind.OP_STATUS,
-            status=op.status,
-            op_index=op.index,
-            op_id=op.op_id,
-            instance=op.instance,
-            event_time=_op_time(op, current),
-        )
-        if changed and not op.status.is_final:
-            events.append(status_event)
-        seen = before.last_serial if before is not None else 0
-        events.extend(
+        status_event = (
             JobEvent(
                 job_id=job_id,
-                kind=EventKind.LOG,
+                kind=EventKind.OP_STATUS,
                 status=op.status,
                 op_index=op.index,
                 op_id=op.op_id,
                 instance=op.instance,
-                log_serial=line.serial,
-                log_message=line.message,
-                event_time=line.time,
+                event_time=_op_time(op, current),
             )
-            for line in op.log
-            if line.serial > seen
+            if changed
+            else None
         )
-        if changed and op.status.is_final:
+        final = op.status.is_final
+        if status_event is not None and not final:
+            events.append(status_event)
+        seen = before.last_serial if before is not None else 0
+        if op.log and op.log[-1].serial > seen:
+            events.extend(
+                JobEvent(
+                    job_id=job_id,
+                    kind=EventKind.LOG,
+                    status=op.status,
+                    op_index=op.index,
+                    op_id=op.op_id,
+                    instance=op.instance,
+                    log_serial=line.serial,
+                    log_message=line.message,
+                    event_time=line.time,
+                )
+                for line in op.log
+                if line.serial > seen
+            )
+        if status_event is not None and final:
             events.append(status_event)
     # Across ops, in time order (an op still queued was queued before another one ended);
     # stable, so an op's own events keep their order when their times tie.
