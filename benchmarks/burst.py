@@ -124,10 +124,12 @@ async def fake_child(args: argparse.Namespace) -> None:
 
 
 async def dispatcher_child(args: argparse.Namespace) -> None:
-    """``--dispatcher-child WORLD_JSON DB_URL``: one dispatcher; "ready" on stdout, runs until stdin closes."""
+    """``--dispatcher-child DB_URL``: one dispatcher of the fake whose world (URL, credentials,
+    queue folder) is the first line on stdin (not the command line: ``ps`` shows that to every
+    user); "ready" on stdout, runs until stdin closes."""
     from synnefo_ganeti.dispatch import Dispatcher
 
-    world, db_url = orjson.loads(args.dispatcher_child[0]), args.dispatcher_child[1]
+    world, db_url = orjson.loads(sys.stdin.buffer.readline()), args.dispatcher_child
     dispatcher = Dispatcher(settings_of(world, db_url), status_server=False)
     running = asyncio.create_task(dispatcher.run())
     await asyncio.wait_for(dispatcher.ready.wait(), 120)
@@ -179,8 +181,11 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
                 await seed_history(store, "burst", args.history)
                 progress(f"the database holds {args.history} past requests and instances, analyzed")
             for number in range(dispatchers):
-                process = await child("--dispatcher-child", orjson.dumps(world).decode(), db_url)
+                process = await child("--dispatcher-child", db_url)
                 processes.append(process)
+                assert process.stdin is not None
+                process.stdin.write(orjson.dumps(world) + b"\n")
+                await process.stdin.drain()
                 await first_line(process, f"dispatcher {number + 1}")
             progress(
                 f"{dispatchers} dispatcher(s) ready; {args.requests} requests from {API_TASKS} API tasks"
@@ -449,7 +454,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="past requests and instances in the database before the burst, analyzed (0: an empty one)",
     )  # fmt: skip
     parser.add_argument("--fake-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--dispatcher-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--dispatcher-child", metavar="DB_URL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.dispatchers = [n for group in args.dispatchers for n in group]
     return args
