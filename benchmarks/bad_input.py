@@ -360,9 +360,9 @@ async def overflow_case(case: Case) -> None:
     lost: list[str] = []
     deliver = case.watcher.on_event
 
-    def losing(mask: Mask, watch: Any, name: Path | None) -> None:
-        if name is not None and name.name.startswith("job-"):
-            lost.append(name.name)
+    def losing(mask: int, watch: Any, name: str | None) -> None:
+        if name is not None and os.path.basename(name).startswith("job-"):
+            lost.append(os.path.basename(name))
             return
         deliver(mask, watch, name)
 
