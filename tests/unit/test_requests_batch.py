@@ -258,3 +258,50 @@ async def test_in_one_batch_names_taken_by_an_instance_a_request_or_a_rename_fai
         assert isinstance(renamed, ConflictError) and "rename in progress" in str(renamed)
         for ok in (gone, free):  # (a DESTROYED instance's name is free)
             assert not isinstance(ok, BaseException) and ok[1], ok
+
+
+async def test_two_apis_adding_the_same_names_at_once_one_request_each_name(pg_url: str) -> None:
+    """Two stores on one PostgreSQL database (two API processes), each a batch of the same five
+    names at once, twenty rounds: one request a name, the other told it is taken. The batch locks
+    its names in the checks' own function (migration 0020), and the checks read after the locks:
+    a commit made while one waited is seen."""
+    async with Store(pg_url) as first, Store(pg_url) as second:
+        for round_ in range(20):
+            names = [f"r{round_}-{i}.example.com" for i in range(5)]
+            results = await asyncio.gather(
+                *(add(store, name) for name in names for store in (first, second)), return_exceptions=True
+            )
+            for index, name in enumerate(names):
+                pair = results[2 * index : 2 * index + 2]
+                assert [isinstance(x, ConflictError) for x in pair].count(True) == 1, (name, pair)
+                assert not [
+                    x for x in pair if isinstance(x, BaseException) and not isinstance(x, ConflictError)
+                ]
+        open_requests = [r for r in await first.list_requests() if r.status is RequestStatus.PENDING]
+        assert len(open_requests) == 100 == len({r.instance for r in open_requests})
+
+
+async def test_the_checks_function_holds_the_batch_locks_until_the_transaction_ends(pg_url: str) -> None:
+    import asyncpg
+
+    async with Store(pg_url):  # the schema, by the migrations
+        pass
+    url = pg_url.replace("postgresql+asyncpg://", "postgresql://")
+    holder, other = await asyncpg.connect(url), await asyncpg.connect(url)
+    probe = "SELECT pg_try_advisory_xact_lock(hashtext(current_database()), hashtext($1))"
+    try:
+        async with holder.transaction():
+            rows = await holder.fetch(
+                "SELECT * FROM synnefo_ganeti_add_checks_locking($1::text[], $2::text[], $3::text[])",
+                ["r-1"], ["a.example.com"], ["name:a.example.com", "request:r-1"],
+            )  # fmt: skip
+            assert rows == []
+            async with other.transaction():
+                assert await other.fetchval(probe, "name:a.example.com") is False
+                assert await other.fetchval(probe, "request:r-1") is False
+                assert await other.fetchval(probe, "name:b.example.com") is True
+        async with other.transaction():  # the holder's transaction ended: its locks with it
+            assert await other.fetchval(probe, "name:a.example.com") is True
+    finally:
+        await holder.close()
+        await other.close()

@@ -34,6 +34,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql import Executable
 
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.store.db._any import any_of
@@ -123,10 +124,12 @@ _ADD_CHECKS = union_all(
     renames_in_progress(literal_column("'rename'"), _NO_ID, _NO_ID, _NO_ID, instance_jobs_t.c.params),
 )
 # PostgreSQL: the same reads in a function that keeps a generic plan of them (migration 0018:
-# with its arrays as parameters the statement was planned again at each execution)
+# with its arrays as parameters the statement was planned again at each execution), called by
+# one that first takes the batch's locks, as lock_keys does (migration 0020: one round trip, not two)
 _ADD_CHECKS_PG = text(
     "SELECT c_kind AS kind, c_id AS id, c_name AS name, c_status AS status, c_params AS params"
-    " FROM synnefo_ganeti_add_checks(CAST(:b_ids AS text[]), CAST(:b_names AS text[]))"
+    " FROM synnefo_ganeti_add_checks_locking("
+    "CAST(:b_ids AS text[]), CAST(:b_names AS text[]), CAST(:b_keys AS text[]))"
 ).columns(kind=String, id=String, name=String, status=String, params=JSON)
 # a new request's row as the insert wrote it (its server defaults included): no read after it
 _INSERT_RETURNING = insert(requests_t).returning(*requests_t.c, sort_by_parameter_order=True)
@@ -204,15 +207,21 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
     name nobody holds (the rest, repeats and clashes, are left to the one-by-one add)."""
     names = {item.name for item in items}
     lowered = sorted({name.lower() for name in names})
-    # no global lock here (PostgreSQL): the ids and names of the batch are locked (see _requests.add)
-    lock_keys(conn, [*(f"request:{i.request_id}" for i in items), *(f"name:{key}" for key in lowered)])
+    # no global lock here (PostgreSQL): the ids and names of the batch are locked (see _requests.add),
+    # by the checks' own function there (lock_keys' keys, sorted: the same statement in it)
+    keys = sorted({*(f"request:{i.request_id}" for i in items), *(f"name:{key}" for key in lowered)})
     ids, wanted = {i.request_id for i in items}, set(lowered)
     existing: set[str] = set()
     holders: dict[str, set[str]] = defaultdict(set)
     live: set[str] = set()  # names of instances not DESTROYED (lowered)
     renamed: set[str] = set()  # names a rename in progress takes (lowered)
-    checks = _ADD_CHECKS_PG if conn.dialect.name == "postgresql" else _ADD_CHECKS
-    for row in conn.execute(checks, {"b_ids": sorted(ids), "b_names": lowered}):
+    checks: Executable = _ADD_CHECKS
+    params: dict[str, Any] = {"b_ids": sorted(ids), "b_names": lowered}
+    if conn.dialect.name == "postgresql":
+        checks, params["b_keys"] = _ADD_CHECKS_PG, keys
+    else:
+        lock_keys(conn, keys)  # (nothing on SQLite: its writes are serial)
+    for row in conn.execute(checks, params):
         if row.kind == "id":
             existing.add(row.id)
         elif row.kind == "request":
