@@ -30,7 +30,8 @@ One JSON line per run (progress on stderr):
   processes (summed), this API process, the fake's process and PostgreSQL (this run's database's
   backends and the server's own processes, polled; ``null`` with ``postgresql_cpu.why`` if the
   server is not on this machine); ``postgresql_cpu`` has the whole server's too (exact, other
-  databases' work included) and the other databases' backends;
+  databases' work included) and the other databases' backends; ``dispatcher_cpu_ms_each``: each
+  dispatcher process's share, in the order they started;
 * ``control_cpu_ratio``: (dispatchers + API + PostgreSQL) over the fake's CPU a create;
 * ``cpu_busy``: all of that CPU over the run's wall time times this machine's CPUs.
 
@@ -345,6 +346,7 @@ class CpuSample:
         if self.postgres is not None:
             self.postgres.start()
         self.started = (time.monotonic(), *self._own())
+        self.each_started = [process_cpu_s(pid) for pid in self.dispatchers]
 
     def _own(self) -> tuple[float, float, float]:
         """Seconds of CPU so far: the dispatchers', this process's, the fake's."""
@@ -352,6 +354,7 @@ class CpuSample:
 
     def stop(self) -> dict[str, Any]:
         dispatchers, api, fake = self._own()
+        each = [process_cpu_s(pid) - s for pid, s in zip(self.dispatchers, self.each_started, strict=True)]
         wall = time.monotonic() - self.started[0]
         split = self.postgres.stop() if self.postgres is not None else None
         seconds: dict[str, Any] = {
@@ -362,7 +365,12 @@ class CpuSample:
         }
         busy = sum(v for v in seconds.values() if v is not None)
         busy += split.other_databases_s if split is not None else 0.0
-        return {"seconds": seconds, "split": split, "busy": busy / max(wall * (os.cpu_count() or 1), 1e-9)}
+        return {
+            "seconds": seconds,
+            "each": each,
+            "split": split,
+            "busy": busy / max(wall * (os.cpu_count() or 1), 1e-9),
+        }
 
 
 def cpu_fields(cpu: dict[str, Any], requests: int, why: str | None, *, in_process: bool) -> dict[str, Any]:
@@ -381,7 +389,8 @@ def cpu_fields(cpu: dict[str, Any], requests: int, why: str | None, *, in_proces
         "server_processes_ms_per_request": round(split.server_processes_s * 1000 / requests, 2),
         "other_databases_ms_per_request": round(split.other_databases_s * 1000 / requests, 2),
     }  # fmt: skip
-    return {"cpu_ms_per_request": per, "control_cpu_ratio": ratio, "postgresql_cpu": detail,
+    each = [round(v * 1000 / requests, 2) for v in cpu["each"]]
+    return {"cpu_ms_per_request": per, "dispatcher_cpu_ms_each": each, "control_cpu_ratio": ratio, "postgresql_cpu": detail,
             "cpu_busy": round(cpu["busy"], 2)}  # fmt: skip
 
 

@@ -60,6 +60,7 @@ class DispatcherStats:
     moved: int = 0  # creates canceled while queued on a node that went down, placed again
     deletes_followed: int = 0  # deletes asked while a create or action ran, sent once it ended
     node_retries: int = 0  # creates that failed because of their node (down, offline), placed again
+    ends_read: int = 0  # its creates' ends read from the store, where another dispatcher stored them
     reconcile_passes: int = 0
     started_at: float = field(default_factory=time.time)
 

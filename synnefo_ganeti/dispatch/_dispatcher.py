@@ -64,6 +64,7 @@ from synnefo_ganeti.control._deletes import FOLLOW_EVERY, follow_deletes
 from synnefo_ganeti.daemon import StatusServer
 from synnefo_ganeti.dispatch._amqp import AmqpPublisher
 from synnefo_ganeti.dispatch._base import DispatcherStats, _replace
+from synnefo_ganeti.dispatch._ends import OWN_ENDS_TASK
 from synnefo_ganeti.dispatch._follow import FOLLOW_TASK
 from synnefo_ganeti.dispatch._leases import LEASES_TASK
 from synnefo_ganeti.dispatch._liveness import DispatcherLock
@@ -85,7 +86,8 @@ log = logging.getLogger("synnefo_ganeti.dispatch")
 DAEMON_FIXES = frozenset(Fix)
 
 #: the names of the dispatcher's own root tasks (besides ``dispatch health`` and each backend's
-#: ``watch NAME`` or ``track NAME``); the liveness lock runs on PostgreSQL only, the watchdog
+#: ``watch NAME`` or ``track NAME``); the liveness lock and the own ends (the creates' ends another
+#: dispatcher stored) run on PostgreSQL only, the watchdog
 #: under a systemd that asks for it, the webhook when ``[notify] url`` is set, the AMQP publisher
 #: when ``[notify] amqp_url`` (or ``amqp_url_file``) is
 ROOT_TASKS = (
@@ -95,6 +97,7 @@ ROOT_TASKS = (
     "dispatch metrics",
     "dispatch follow jobs",
     LEASES_TASK,
+    OWN_ENDS_TASK,
     "dispatch observer",
     REPORT_TASK,
     REPAIR_TASK,
@@ -192,6 +195,8 @@ class Dispatcher(Submitter):
         supervisor.start(FOLLOW_TASK, self._recorded_jobs().run())  # jobs other processes record
         if leases.shared:  # PostgreSQL: one dispatcher at a time follows a backend's jobs
             supervisor.start(LEASES_TASK, leases.run())
+            # the others learn their creates' ends from the store (dispatch/_ends.py)
+            supervisor.start(OWN_ENDS_TASK, self._own_ends_loop())
         supervisor.start("dispatch observer", observer.run())
         self.self_report = SelfReport(self)  # what a console of its own reads (dispatch/_report.py)
         supervisor.start(REPORT_TASK, self.self_report.run())

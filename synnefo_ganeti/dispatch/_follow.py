@@ -78,6 +78,11 @@ class RecordedJobs:
         """Until cancelled: read now, then on each signal (or poll), handing jobs to the trackers."""
         backoff = Backoff(initial=self.retry_delay, maximum=30.0)
         while True:
+            if not self.trackers():
+                # every backend followed by a watcher: no LISTEN (PostgreSQL wakes every listener
+                # of the database at every commit that notifies, whatever its channel)
+                await asyncio.sleep(self.poll_interval)
+                continue
             listen = self.store.listen_jobs()
             try:
                 signal = await listen.__aenter__()
@@ -87,14 +92,15 @@ class RecordedJobs:
             backoff.reset()
             self.listening = signal is not None
             try:
-                await self._loop(signal)
+                dropped = await self._loop(signal)
             finally:
                 self.listening = False
                 try:
                     await listen.__aexit__(None, None, None)
                 except Exception as exc:  # closing a connection the database dropped
                     log.info("following recorded jobs: closing the LISTEN connection: %s", exc)
-            log.warning("following recorded jobs: the database dropped the LISTEN connection; again")
+            if dropped:
+                log.warning("following recorded jobs: the database dropped the LISTEN connection; again")
 
     async def _without_signal(self, pause: float, exc: BaseException) -> None:
         """The LISTEN connection could not be opened: poll for ``pause`` seconds, then try again."""
@@ -104,9 +110,12 @@ class RecordedJobs:
             await self.read_once()
             await asyncio.sleep(min(self.poll_interval, max(0.0, deadline - time.monotonic())))
 
-    async def _loop(self, signal: JobSignal | None) -> None:
+    async def _loop(self, signal: JobSignal | None) -> bool:
+        """Reads until the signal dies (True) or no backend has a tracker any more (False)."""
         await self.read_once()
         while signal is None or signal.alive:
+            if not self.trackers():
+                return False
             if signal is None:
                 await asyncio.sleep(self.poll_interval)
                 await self.read_once()
@@ -117,10 +126,11 @@ class RecordedJobs:
             notified = signal.event.is_set()
             announced = signal.clear()
             if not signal.alive:
-                return
+                return True
             if notified and announced and not announced & set(self.trackers()):
                 continue  # only backends a watcher follows
             await self.read_once()
+        return True
 
     async def read_once(self) -> int:
         """One read of the unapplied jobs, handed to the trackers; how many were new to them

@@ -1,6 +1,6 @@
 """The submitter: claims pending requests and, for each, places it, writes the placement,
-sends the create and records its job (or places it again, or fails it); and learns from the
-job ends the store commits (the allocator's accounting)."""
+sends the create and records its job (or places it again, or fails it). What the allocator
+learns from those jobs' ends lives in ``_ends``."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti._backoff import Backoff
 from synnefo_ganeti.allocate import NoCapacityError, Requirement, Reservation, chooses_nodes, placed_spec
 from synnefo_ganeti.dispatch import _reservations
+from synnefo_ganeti.dispatch._ends import JobEnds
 from synnefo_ganeti.dispatch._recovery import TAKEOVER_CHECK
-from synnefo_ganeti.dispatch._reservations import ReservationSweep
 from synnefo_ganeti.dispatch._waiting import WaitingKind, WaitingReasons, waiting_kind
 from synnefo_ganeti.errors import (
     AuthenticationError,
@@ -29,17 +29,12 @@ from synnefo_ganeti.errors import (
     TransportError,
     UnavailableError,
 )
-from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.rapi import InstanceSpec, is_transient, is_unsent
 from synnefo_ganeti.reconcile._observe import expectation
 from synnefo_ganeti.store import (
-    CommitInfo,
     Request,
     RequestNotHeldError,
     RequestStatus,
-    is_backend_error,
-    is_capacity_error,
-    is_node_error,
     request_tag,
 )
 
@@ -69,7 +64,7 @@ class _NoRoom(str):
         return room
 
 
-class Submitter(ReservationSweep):
+class Submitter(JobEnds):
     """Claim, place, submit, record: one task per claimed request."""
 
     @functools.cached_property
@@ -359,11 +354,6 @@ class Submitter(ReservationSweep):
             return None
         self._jobs[(name, job_id)] = reservation
         self._job_requests[(name, job_id)] = request.id
-        leases = self.leases
-        if entry.watcher is not None and leases is not None and leases.shared and not leases.holds(name):
-            # its watcher reads only its own jobs' files: it may have dropped this one's first
-            # version, written before its id came back
-            entry.watcher.look_at(job_id)
         self.allocator.submitted(reservation)
         try:
             recorded = await self.store.submitted_request(request.id, job_id, start=spec.start)
@@ -408,80 +398,12 @@ class Submitter(ReservationSweep):
         nodes = chooses_nodes(spec, self.settings.dispatcher.node_placement)
         return self.allocator.place(spec, only=wanted, nodes=nodes, exclude=self._avoid.get(request.id, ()))
 
-    def _on_commit(self, info: CommitInfo) -> None:
-        """Job ends the writer stored: the allocator learns, capacity is accounted, and a node
-        a failed job (of any kind) blames is out of placement at once."""
-        ended = 0
-        # (ended_before: ends another dispatcher stored first, of jobs this one submitted)
-        for backend, summary in (*info.applied, *info.ended_before):
-            if not summary.status.is_final:
-                continue
-            if summary.status is JobStatus.ERROR:
-                self._note_node_faults(backend, summary)
-            reservation = self._jobs.pop((backend, summary.job_id), None)
-            request_id = self._job_requests.pop((backend, summary.job_id), None)
-            self._submitted_at.pop((backend, summary.job_id), None)
-            if reservation is None:
-                continue
-            ended += 1
-            ok = summary.status is JobStatus.SUCCESS
-            error = next((op.error for op in summary.ops if op.error), None)
-            if request_id is not None:
-                self._remember_refusal(request_id, backend, error if not ok else None, reservation)
-            if not ok and is_capacity_error(error):
-                self.stats.capacity_retries += 1  # the store put the request back to be placed again
-                # its nodes had no room after all (stale stats): none of them until fresh stats
-                self.allocator.node_full(reservation)
-            elif not ok and is_node_error(error) is not None:
-                self.stats.node_retries += 1  # placed again; its node is out (_note_node_faults)
-            elif not ok and is_backend_error(error):
-                pass  # placed again (another backend): counted when it ends
-            elif (backend, summary.job_id) in self._moved_jobs:
-                self._moved_jobs.discard((backend, summary.job_id))  # canceled to be placed again
-            else:
-                metrics.REQUESTS.labels(_REQUEST_END.get(summary.status, "failed")).inc()
-            seconds = None
-            if summary.end_time is not None and summary.received_time is not None:
-                seconds = max(0.0, summary.end_time - summary.received_time)
-            if seconds is not None:
-                self.allocator.finished(reservation, seconds, ok=ok)
-            elif ok:
-                self.allocator.accounted(reservation)
-            else:
-                self.allocator.release(reservation)
-        if ended:
-            self._wake.set()
-            self._room.free(ended)
-
-    def _remember_refusal(
-        self, request_id: str, backend: str, error: str | None, reservation: Reservation | None = None
-    ) -> None:
-        """A create that failed for a reason of its backend other than room (the OS missing
-        there, its policy: the store puts it back to be placed) is not placed there again;
-        that backend's OS list is read again at its next node stats. One that failed because of
-        the node the dispatcher chose changes nothing here (that node is out of placement for
-        every request); because of a node Ganeti's iallocator asked (no node chosen: Ganeti
-        fails every such create while a node not offline does not answer), that backend is
-        avoided like one that refused it."""
-        if error is not None and is_node_error(error) is not None:
-            if reservation is not None and reservation.node is None:
-                self._avoid.setdefault(request_id, set()).add(backend)
-            return
-        if error is not None and is_backend_error(error) and not is_capacity_error(error):
-            self._avoid.setdefault(request_id, set()).add(backend)
-            self.catalogs.forget(backend)
-        else:
-            self._avoid.pop(request_id, None)
-
 
 def _last_failure(request: Request) -> str:
     """``the last: job J on BACKEND node N: ERROR``, of its ``attempt_errors``."""
     last = request.attempt_errors[-1]
     node = f" node {last['node']}" if last.get("node") else ""
     return f"the last: job {last.get('job_id')} on {last.get('backend')}{node}: {last.get('error')}"
-
-
-_REQUEST_END = {JobStatus.SUCCESS: "succeeded", JobStatus.ERROR: "failed", JobStatus.CANCELED: "canceled"}
 
 
 def _not_taken(error: GanetiError) -> bool:

@@ -58,13 +58,12 @@ class BackendWiring(StatsReads):
         queue_dir = settings.queue_dir
         if queue_dir is not None and await asyncio.to_thread(os.path.isdir, queue_dir):
             # several dispatchers watching one folder: the follow lease's holder reads every
-            # file, the others the files of the creates they submitted (their ends, at once)
+            # file; the others none (their creates' ends they read from the store: _ends)
             entry.watcher = QueueWatcher(
                 queue_dir,
                 NodeJobsSink(self.store, self._node_job_seen),  # drains held at once (_node_watch)
                 name,
                 wants=self._watched_jobs(name),
-                ends_only=self._ends_only(name),
             )
             entry.tasks.append(self.supervisor.start(f"watch {name}", entry.watcher.run()))
         else:
@@ -119,21 +118,11 @@ class BackendWiring(StatsReads):
     def _watched_jobs(self, name: str) -> Callable[[int], bool]:
         """Which of backend ``name``'s job files this dispatcher's watcher reads (see above)."""
 
-        def wants(job_id: int) -> bool:
+        def wants(_job_id: int) -> bool:
             leases = self.leases
-            return leases is None or not leases.shared or leases.holds(name) or (name, job_id) in self._jobs
+            return leases is None or not leases.shared or leases.holds(name)
 
         return wants
-
-    def _ends_only(self, name: str) -> Callable[[int], bool]:
-        """Of backend ``name``'s jobs its watcher reads, those it stores only the end of: all while
-        another dispatcher holds its follow lease (that one stores every version)."""
-
-        def ends_only(job_id: int) -> bool:
-            leases = self.leases
-            return leases is not None and leases.shared and not leases.holds(name)
-
-        return ends_only
 
     def _follow_leases(self) -> FollowLeases:
         """The follow leases (PostgreSQL: taken in the root task ``dispatch follow leases``; SQLite:

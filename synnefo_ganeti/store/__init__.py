@@ -31,6 +31,7 @@ from synnefo_ganeti.store.instances._instances import (
 )
 from synnefo_ganeti.store.instances._node_errors import NodeFault, is_node_error, node_fault
 from synnefo_ganeti.store.instances._observed import OBSERVED_FIELDS, record_observed, store_observed
+from synnefo_ganeti.store.jobs._events import EventsSignal
 from synnefo_ganeti.store.networks._networks import (
     NetworkOnBackend,
     NetworkState,
@@ -60,6 +61,7 @@ __all__ = [
     "Change",
     "CommitInfo",
     "DispatcherReport",
+    "EventsSignal",
     "Incident",
     "IncidentStore",
     "InstanceAction",

@@ -20,7 +20,7 @@ could not do it (unreachable, locked by another process, another schema).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar, Unpack
@@ -28,7 +28,7 @@ from typing import Any, Self, TypeVar, Unpack
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from synnefo_ganeti.jobs import JobFile, JobStatus
+from synnefo_ganeti.jobs import JobFile, JobStatus, JobSummary
 from synnefo_ganeti.store._pinned import PinnedRead, pinned_read
 from synnefo_ganeti.store.backends._backends import Backends, NodeRow
 from synnefo_ganeti.store.changes._changes import Change, Changes
@@ -38,7 +38,7 @@ from synnefo_ganeti.store.instances import _recorded
 from synnefo_ganeti.store.instances._apply import apply_final_jobs
 from synnefo_ganeti.store.instances._instances import InstanceAction, InstanceStatus, StoredInstance
 from synnefo_ganeti.store.instances._instances_repo import InstancePage, Instances
-from synnefo_ganeti.store.jobs._events import Events
+from synnefo_ganeti.store.jobs._events import Events, EventsSignal
 from synnefo_ganeti.store.jobs._jobs import Jobs
 from synnefo_ganeti.store.jobs._models import (
     JobVersion,
@@ -218,6 +218,14 @@ class Store(RequestMethods):
     async def archived_final_job_ids(self, backend: str) -> set[int]:
         """Ids of this backend's jobs stored as final and seen in the archive (a rescan skips them)."""
         return await self._jobs.archived_final_ids(backend)
+
+    async def ended_jobs(self, backend: str, job_ids: Collection[int]) -> list[JobSummary]:
+        """Of ``backend``'s jobs ``job_ids``, the summaries of those stored as final (by any process)."""
+        return await self._jobs.ended(backend, job_ids)
+
+    def events_signal(self) -> AbstractAsyncContextManager[EventsSignal | None]:
+        """PostgreSQL: a signal set whenever any process stores job events; SQLite: None (poll)."""
+        return self._events.signal()
 
     async def count_jobs(self, *, backend: str | None = None) -> int:
         return await self._jobs.count(backend=backend)

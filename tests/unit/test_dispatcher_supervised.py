@@ -49,6 +49,7 @@ ROOT_TASKS: dict[str, tuple[type[Any], str]] = {
     "dispatch health": (Dispatcher, "_health_loop"),
     "dispatch nodes": (Dispatcher, "_nodes_loop"),
     "dispatch liveness lock": (Dispatcher, "_lock_loop"),  # PostgreSQL only
+    "dispatch own ends": (Dispatcher, "_own_ends_loop"),  # PostgreSQL only
     "dispatch watchdog": (Dispatcher, "_watchdog_loop"),
     "dispatch webhook": (WebhookDeliverer, "run"),  # [notify] url set
     "dispatch amqp": (AmqpPublisher, "run"),  # [notify] amqp_url set (run() replaced: no broker needed)
@@ -78,8 +79,9 @@ class RecordingNotifier(SystemdNotifier):
 
 @pytest.fixture
 def root_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """PostgreSQL for the liveness lock (it runs there only), else SQLite (made outside the loop)."""
-    if request.node.callspec.params["root_task"] == "dispatch liveness lock":
+    """PostgreSQL for the liveness lock and the own ends (they run there only), else SQLite (made
+    outside the loop)."""
+    if request.node.callspec.params["root_task"] in ("dispatch liveness lock", "dispatch own ends"):
         url: str = request.getfixturevalue("pg_url")
         return url
     return f"sqlite:///{tmp_path / 'store.db'}"

@@ -256,6 +256,32 @@ async def test_a_backend_with_a_local_watcher_is_left_to_it(tmp_path: Path) -> N
             assert d.recorded is not None and d.recorded.handed == 0 and d.recorded.reads == 0
 
 
+async def test_no_listen_while_every_backend_has_a_watcher(pg_url: str, tmp_path: Path) -> None:
+    """PostgreSQL wakes every LISTEN connection of the database at each commit that notifies:
+    the reader of recorded jobs holds none while no backend needs it, and listens from the
+    moment one does (a backend without a local queue folder added by a reload)."""
+    queue = tmp_path / "queue"
+    async with fakes(2, queue_dir=queue) as (f1, f2):
+        watched = settings_for(pg_url, [backend("f1", f1, queue_dir=str(queue))])
+        async with (
+            Store(pg_url) as store,
+            running(Dispatcher(watched, store=store, status_server=False)) as d,
+        ):
+            assert d.recorded is not None and d._backends["f1"].tracker is None
+            reads = d.recorded.reads
+            async with other_process(watched) as api:  # a job recorded: nothing to hand to a tracker
+                request = await finished(api, await api.request_instance(spec("watched.example")))
+                assert request.status is RequestStatus.SUCCEEDED, request.error
+            assert not d.recorded.listening and d.recorded.reads == reads
+            both = settings_for(pg_url, [backend("f1", f1, queue_dir=str(queue)), backend("f2", f2)])
+            assert await d.reload(both) == ["added f2"]
+            await eventually(lambda: d.recorded is not None and d.recorded.listening, what="listening")
+            async with other_process(both) as api:  # f2's jobs are followed through its tracker
+                rid = await api.request_instance(spec("tracked.example"), backend="f2")
+                assert (await finished(api, rid)).status is RequestStatus.SUCCEEDED
+            assert d.recorded.reads > reads
+
+
 def test_a_job_whose_following_ended_is_not_taken_again_from_an_older_listing() -> None:
     tracker = JobTracker("f1", None, None)  # type: ignore[arg-type]  # (discovered() uses neither)
     before = time.monotonic()

@@ -16,7 +16,7 @@ from synnefo_ganeti.errors import ConflictError
 from synnefo_ganeti.store import InstanceStatus, RequestNotHeldError, RequestStatus, Store
 from synnefo_ganeti.store.instances._instances import instances_t
 from synnefo_ganeti.store.requests import _requests_repo
-from tests.unit.test_requests import CREATE_OK, canceled, job
+from tests.unit.test_requests import CREATE_BAD_OS, CREATE_OK, canceled, job
 
 INSTANCE: dict[str, Any] = {"os": "noop", "disk_template": "diskless", "tags": [], "nics": [], "disks": []}
 
@@ -177,6 +177,24 @@ async def test_a_name_back_to_life_and_a_job_ended_before_it_was_recorded(
             return sorted(conn.execute(query).scalars())
 
         assert await store.call_read(lives) == ["BUILD", "DESTROYED"]
+
+
+async def test_a_failed_create_whose_end_was_stored_before_its_submission(db_url: str) -> None:
+    """A create that fails at once can have its end stored (by the watcher, or by the dispatcher
+    that reads the queue folder) before its submitter records the job: recording it then applies
+    the end, which takes the BUILD row away; nothing raises, and the request goes back to be
+    placed again (the OS is missing on that backend: another may have it)."""
+    async with Store(db_url) as store:
+        request = (await add(store, "quick.example.com"))[0]
+        await store.claim_requests("d1", 10)
+        await store.place_request(request.id, "d1", "b1", dict(INSTANCE), unique_names="global")
+        await store.record("b1", job(CREATE_BAD_OS, job_id=31))
+        await store.flush()
+        recorded = await store.submitted_request(request.id, 31, start=True)
+        assert recorded.status is RequestStatus.PENDING and recorded.job_id is None
+        assert recorded.attempt_errors is not None
+        assert "doesnotexist" in recorded.attempt_errors[-1]["error"]
+        assert await store.get_instance("b1", "quick.example.com") is None  # its attempt made nothing
 
 
 async def test_placed_alone_the_build_is_in_progress_and_a_refused_create_ends_it(db_url: str) -> None:

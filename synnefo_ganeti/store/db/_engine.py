@@ -379,17 +379,27 @@ class Database:
             raw = await conn.get_raw_connection()
             driver = raw.driver_connection
             assert driver is not None
-            if on_lost is not None:
-                driver.add_termination_listener(on_lost)
-            await driver.add_listener(channel, on_notify)
+            lost = False
+
+            def dropped(*args: Any) -> None:
+                nonlocal lost
+                lost = True
+                if on_lost is not None:
+                    on_lost(*args)
+
+            driver.add_termination_listener(dropped)
             try:
+                await driver.add_listener(channel, on_notify)
                 yield
             finally:
                 with contextlib.suppress(Exception):
                     await driver.remove_listener(channel, on_notify)
-                if on_lost is not None:
+                with contextlib.suppress(Exception):
+                    driver.remove_termination_listener(dropped)
+                if lost or driver.is_closed():
+                    # never back to the pool: the next checkout would get a closed connection
                     with contextlib.suppress(Exception):
-                        driver.remove_termination_listener(on_lost)
+                        await conn.invalidate()
 
     async def read(self, fn: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """``fn`` on a connection of the async engine; database trouble is a :class:`StoreError`.

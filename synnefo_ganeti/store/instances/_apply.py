@@ -3,6 +3,7 @@ request that made it (settled, or placed again), in the writer's transaction tha
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -237,6 +238,12 @@ def record_job(
             .values(create_job_id=job_id, updated_at=now)
         )
     summary = stored_final_job(conn, backend_id, job_id)
-    if summary is not None:
-        apply_final_jobs(conn, [(backend_id, job_id, summary)], now)
-    return get_instance_by_id(conn, instance.id, backend)
+    if summary is None:
+        return get_instance_by_id(conn, instance.id, backend)
+    apply_final_jobs(conn, [(backend_id, job_id, summary)], now)
+    row = conn.execute(select(instances_t).where(instances_t.c.uuid == instance.id)).first()
+    if row is None:
+        # a create that failed at once, its end stored before this record (another process read
+        # the job first): applying it took away the BUILD row of an attempt that made nothing
+        return dataclasses.replace(instance, status=InstanceStatus.DESTROYED, task=None, task_job_id=None)
+    return StoredInstance.from_row(row, backend)

@@ -23,7 +23,21 @@ from synnefo_ganeti.store.db._writer import Writer
 from synnefo_ganeti.store.jobs._jobs import events_t
 from synnefo_ganeti.store.jobs._models import StoredEvent
 
-__all__ = ["Events"]
+__all__ = ["Events", "EventsSignal"]
+
+
+class EventsSignal:
+    """Set when job events were stored by any process (PostgreSQL's ``NOTIFY``); ``alive`` is
+    False once the database dropped the listening connection (listen again)."""
+
+    __slots__ = ("alive", "event")
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.alive = True
+
+    def __repr__(self) -> str:
+        return f"<EventsSignal set={self.event.is_set()} alive={self.alive}>"
 
 
 class Events:
@@ -117,6 +131,25 @@ class Events:
             return int(value or 0)
 
         return await self.db.read(run)
+
+    @contextlib.asynccontextmanager
+    async def signal(self) -> AsyncIterator[EventsSignal | None]:
+        """PostgreSQL: an :class:`EventsSignal` set by every commit that stores job events, of
+        any process, while inside; SQLite: None (poll instead)."""
+        if self.db.dialect != "postgresql":
+            yield None
+            return
+        signal = EventsSignal()
+
+        def on_notify(*_args: object) -> None:
+            signal.event.set()
+
+        def on_lost(*_args: object) -> None:
+            signal.alive = False
+            signal.event.set()
+
+        async with self.db.listen(NOTIFY_CHANNEL, on_notify, on_lost=on_lost):
+            yield signal
 
     @contextlib.asynccontextmanager
     async def _listen(self) -> AsyncIterator[asyncio.Event]:

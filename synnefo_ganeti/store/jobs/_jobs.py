@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -81,6 +81,26 @@ class Jobs:
         async def run(conn: AsyncConnection) -> list[StoredJob]:
             query = jobs_query(backend=backend, job_id=job_id, status=status, instance=instance, limit=limit)
             return [_stored_job(row) for row in await conn.execute(query)]
+
+        return await self.db.read(run)
+
+    async def ended(self, backend: str, job_ids: Collection[int]) -> list[JobSummary]:
+        """Of ``backend``'s jobs ``job_ids``, the summaries of those stored as final."""
+        backend_id = await self.backends.id_of(backend)
+        if backend_id is None or not job_ids:
+            return []
+        ids = list(job_ids)
+
+        async def run(conn: AsyncConnection) -> list[JobSummary]:
+            out: list[JobSummary] = []
+            for start in range(0, len(ids), 500):
+                params = {"b_backend_id": backend_id, "b_ids": ids[start : start + 500], "b_final": _FINAL}
+                for row in await conn.execute(_ENDED_JOBS, params):
+                    summary = row.summary
+                    if isinstance(summary, str):  # (a driver that hands JSON back as text)
+                        summary = orjson.loads(summary)
+                    out.append(JobSummary.from_json(summary))
+            return out
 
         return await self.db.read(run)
 
@@ -270,6 +290,11 @@ _STORED_JOBS = select(
 ).where(
     jobs_t.c.backend_id == bindparam("b_backend_id"),
     any_of(jobs_t.c.job_id, "b_ids"),
+)
+_ENDED_JOBS = select(jobs_t.c.summary).where(
+    jobs_t.c.backend_id == bindparam("b_backend_id"),
+    any_of(jobs_t.c.job_id, "b_ids"),
+    any_of(jobs_t.c.status, "b_final"),
 )
 _INSERT_JOB = insert(jobs_t)
 _EVENT_COLUMNS = (
