@@ -74,11 +74,14 @@ class FollowLeases:
         backends: Callable[[], Iterable[str]],
         *,
         on_gained: Callable[[set[str]], Awaitable[object]] | None = None,
+        on_round: Callable[[], object] | None = None,
         retry: float = LEASE_RETRY,
     ) -> None:
         self.lock = lock
         self.backends = backends
         self.on_gained = on_gained
+        #: called after every round, before ``on_gained`` (what this dispatcher holds may have changed)
+        self.on_round = on_round
         self.retry = retry
         self.shared = lock.store.dialect == "postgresql"
         self.held: set[str] = set()
@@ -126,6 +129,8 @@ class FollowLeases:
         else:
             gained = await self._shared_round(mine)
         self.rounds += 1
+        if self.on_round is not None:
+            self.on_round()
         if gained and self.on_gained is not None:
             await self.on_gained(gained)
         return gained

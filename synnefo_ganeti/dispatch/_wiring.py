@@ -138,8 +138,21 @@ class BackendWiring(StatsReads):
             if self.recorded is not None:
                 await self.recorded.read_once()
 
-        self.leases = FollowLeases(self._lock, lambda: list(self._backends), on_gained=gained)
+        self.leases = FollowLeases(
+            self._lock, lambda: list(self._backends), on_gained=gained, on_round=self._pause_watchers
+        )
         return self.leases
+
+    def _pause_watchers(self) -> None:
+        """Pause the watchers of the backends another dispatcher follows: that one reads their
+        folders, and every inotify instance on a folder costs the writer (Ganeti) and its reader
+        four events a version; a lease gained resumes its watcher (``gained``: then a scan)."""
+        leases = self.leases
+        if leases is None or not leases.shared:
+            return
+        for name, entry in self._backends.items():
+            if entry.watcher is not None and not leases.holds(name):
+                entry.watcher.pause()
 
     def _recorded_jobs(self) -> RecordedJobs:
         """The reader handing every recorded job of a backend without a local watcher to its

@@ -45,6 +45,8 @@ class WatchStats:
     paused: int = 0
     #: versions read of a job whose end alone is stored here (``ends_only``), before its end
     not_ended: int = 0
+    #: times :meth:`QueueWatcher.pause` stopped the watch
+    pauses: int = 0
 
 
 def check_inotify_limits(proc: Path = Path("/proc/sys/fs/inotify")) -> list[str]:

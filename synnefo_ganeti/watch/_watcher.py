@@ -18,7 +18,8 @@ it to ``archive/<id // 10000>/job-<id>``. The watcher:
   a job, or naming another job), logging it once with its path and counting it once
   per bad version (a rescan reading the same file again neither logs nor counts); it
   is read again on its next change;
-* survives a missing or unreadable queue directory: a log line, then retries.
+* survives a missing or unreadable queue directory: a log line, then retries;
+* can be paused (no inotify instance at all) while another dispatcher reads the folder.
 """
 
 from __future__ import annotations
@@ -111,16 +112,10 @@ class QueueWatcher:
     ) -> None:
         self.queue_dir = Path(queue_dir)
         self._queue_path = os.fspath(self.queue_dir)
-        #: which jobs' files to read now (None: all). Several dispatchers that watch one queue
-        #: folder read all of it one at a time, the holder of the backend's follow lease
-        #: (dispatch/_leases.py); the others read only the jobs they submitted themselves (to
-        #: learn their ends at once) and drop the rest of what inotify marks. :meth:`resume`
-        #: (at a lease gained) scans the folder again, so that nothing written meanwhile is missed
+        #: which jobs' files to read now (None: all); what inotify marks of the others is dropped.
+        #: :meth:`resume` scans the folder again, so that nothing written meanwhile is missed
         self.wants = wants
-        #: of the jobs read, which ones only their end is stored of (None: none). A dispatcher
-        #: that does not hold the follow lease reads its own creates' files to learn their ends
-        #: at once; their other versions the holder stores (reading them here too cost a writer
-        #: transaction each for nothing: the holder had stored them, or would)
+        #: of the jobs read, those whose end alone is stored (None: none)
         self.ends_only = ends_only
         #: watch and read ``archive/`` too (False: only the queue directory's own ``job-N``
         #: files; the eventd publisher, which publishes a job's end from the queue directory)
@@ -133,6 +128,9 @@ class QueueWatcher:
         self.stats = WatchStats()
         self.ready = asyncio.Event()
         self._pending: dict[str, bool] = {}  # path -> archived?, in the order marked
+        self._active = asyncio.Event()  # cleared by pause(): no inotify instance meanwhile
+        self._active.set()
+        self._readable: asyncio.Event | None = None  # the inotify reader's wake (pause() sets it)
         self._has_pending = asyncio.Event()
         self._stopping = asyncio.Event()
         # path -> what was wrong with it the last time, and which file that was
@@ -147,16 +145,30 @@ class QueueWatcher:
     def __repr__(self) -> str:
         return f"<QueueWatcher {self.backend} {self.queue_dir}>"
 
+    @property
+    def paused(self) -> bool:
+        """Whether :meth:`pause` stopped the watch (until :meth:`resume`)."""
+        return not self._active.is_set()
+
+    def pause(self) -> None:
+        """Stop watching (the inotify instance closed: no event made or read meanwhile) and
+        forget what is marked, until :meth:`resume`: while another dispatcher reads the folder.
+        Each version Ganeti writes makes four events for every watcher of the folder."""
+        if self._active.is_set():
+            self._active.clear()
+            self.stats.pauses += 1
+            self._pending.clear()
+            if self._readable is not None:
+                self._readable.set()
+
     def resume(self) -> None:
         """Read every job file again (the store keeps only what is newer): after a time when
-        :attr:`active` said no, so that what changed meanwhile is read now."""
-        if self._inotify is not None:
+        ``wants`` said no, so that what changed meanwhile is read now. Paused: watch again
+        first (then the scan)."""
+        if not self._active.is_set():
+            self._active.set()
+        elif self._inotify is not None:
             self._scan("resumed")
-
-    def look_at(self, job_id: int) -> None:
-        """Read job ``job_id``'s file soon (``wants`` may have dropped what inotify said of it
-        before the caller wanted it: a create's job written before its submitter knew its id)."""
-        self._mark(os.fspath(self.queue_dir / f"job-{job_id}"), False)
 
     def stop(self) -> None:
         """Ask :meth:`run` to read what is pending, hand it to the store, and return."""
@@ -186,6 +198,8 @@ class QueueWatcher:
     async def _watch_forever(self) -> None:
         problem: str | None = None
         while True:
+            if not self._active.is_set():
+                await self._active.wait()
             try:
                 with Inotify(cache_size=1024) as inotify:
                     self._inotify = inotify
@@ -196,7 +210,9 @@ class QueueWatcher:
                     if problem is not None:
                         log.warning("queue directory %s is usable again; rescanning", self.queue_dir)
                         problem = None
-                    self._scan("start" if self.stats.scans == 0 else "watch_lost")
+                    self._scan(
+                        "start" if self.stats.scans == 0 else "resumed" if self.stats.pauses else "watch_lost"
+                    )
                     self.ready.set()
                     await self._follow(inotify)
             except _WatchLost:
@@ -235,18 +251,21 @@ class QueueWatcher:
         # asyncinotify's InitFlags.NONBLOCK is O_CLOEXEC's value: its descriptor blocks, and a
         # read after a stale readiness callback would block the event loop for good.
         os.set_blocking(fd, False)
-        readable = asyncio.Event()
+        readable = self._readable = asyncio.Event()
         loop.add_reader(fd, readable.set)
         try:
             while True:
                 await readable.wait()
                 readable.clear()
+                if not self._active.is_set():
+                    return  # paused: the inotify instance is closed
                 try:
                     data = os.read(fd, _READ_SIZE)
                 except BlockingIOError:
                     continue
                 self._dispatch(data)
         finally:
+            self._readable = None
             loop.remove_reader(fd)
 
     def _dispatch(self, data: bytes) -> None:
@@ -312,7 +331,7 @@ class QueueWatcher:
                 return
             wants = self.wants
             if wants is not None and not wants(int(match.group(1))):
-                self.stats.paused += 1  # (look_at marks a create's file its submitter learns of later)
+                self.stats.paused += 1
                 return
             self._mark(os.path.join(folder, entry), folder != queue)
 

@@ -296,6 +296,33 @@ async def test_start_scan_catches_up_and_a_restart_duplicates_nothing(db_url: st
         assert await statuses(store, backend) == expected
 
 
+async def test_a_paused_watch_holds_no_inotify_and_a_resume_reads_what_changed(
+    sqlite_url: str, queue: Path
+) -> None:
+    """While paused (another dispatcher reads the folder) the watcher has no inotify instance:
+    nothing it would be told of is made or read; resumed, it watches again and scans."""
+    backend = new_backend("paused")
+    jobs = {job_id: lifecycle(job_id, "success") for job_id in (1, 2)}
+    write_version(queue, 1, jobs[1][0])
+    async with Store(sqlite_url) as store, watching(queue, store, backend) as watcher:
+        await wait_for_statuses(store, backend, {1: status_of(jobs[1][0])})
+        watcher.pause()
+        watcher.pause()  # (once is enough)
+        await eventually(lambda: watcher._inotify is None, what="the inotify instance closed")
+        assert watcher.paused and watcher.stats.pauses == 1
+        read, scans = watcher.stats.files_read, watcher.stats.scans
+        for job_id, versions in jobs.items():
+            for content in versions:
+                write_version(queue, job_id, content)
+        assert watcher.stats.files_read == read and watcher._inotify is None  # nothing seen
+        watcher.resume()
+        expected = {job_id: status_of(versions[-1]) for job_id, versions in jobs.items()}
+        await wait_for_statuses(store, backend, expected)
+        assert not watcher.paused and watcher.stats.scans == scans + 1
+        write_version(queue, 3, lifecycle(3, "success")[0])  # watched again: inotify tells
+        await wait_for_statuses(store, backend, {**expected, 3: "queued"})
+
+
 # -- 4. the archive -------------------------------------------------------------------------------
 
 
