@@ -20,6 +20,7 @@ from synnefo_ganeti.config import Settings
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.reconcile._observe import expectation
 from synnefo_ganeti.store import InstanceStatus, RequestStatus, Store, request_tag
+from tests.helpers import eventually
 from tests.integration._testbed import BACKEND, QUEUE_DIR, client, name, spec
 from tests.integration.test_control_real import remove_everywhere
 
@@ -47,7 +48,7 @@ def settings(testbed, db_url: str, *, watched: bool) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def dispatching(config: Settings, store: Store) -> AsyncIterator[Dispatcher]:
+async def dispatching(config: Settings, store: Store | None) -> AsyncIterator[Dispatcher]:
     dispatcher = Dispatcher(config, store=store, status_server=False)
     task = asyncio.create_task(dispatcher.run())
     ready = asyncio.create_task(dispatcher.ready.wait())
@@ -120,3 +121,49 @@ async def test_a_create_sent_before_a_crash_is_found_not_sent_again(testbed, db_
             assert claimed.id == request_id
         finally:
             await remove_everywhere(rapi, [instance], testbed)
+
+
+async def test_two_dispatchers_share_the_real_queue_folder(testbed, pg_url) -> None:
+    """Two dispatchers on one PostgreSQL and the real cluster's queue folder (issue 31): the
+    holder of the follow lease reads every job file; the other's watch is paused (no inotify
+    instance) and it learns the ends of the creates it submitted from the jobs the holder stored."""
+    config = settings(testbed, pg_url, watched=True)
+    names = [name("two") for _ in range(4)]
+    async with Store(pg_url) as store, client(testbed) as rapi:
+        try:
+            async with (
+                ControlPlane(config, store=store) as cp,
+                dispatching(config, store) as one,
+                dispatching(config, None) as two,  # a store of its own, as in another process
+            ):
+
+                def settled() -> bool:
+                    leases = [d.leases for d in (one, two) if d.leases is not None]
+                    return sum(len(lease.held) for lease in leases) == 1 and all(
+                        lease.claimers() == 2 for lease in leases
+                    )
+
+                await eventually(settled, what="one dispatcher holding the backend's lease", timeout=60)
+                one_holds = one.leases is not None and one.leases.holds(BACKEND)
+                holder, other = (one, two) if one_holds else (two, one)
+                ids = [await cp.request_instance(spec(testbed, instance)) for instance in names]
+                for d in (one, two):
+                    d.wake()
+                done = [await cp.wait_request(request_id, timeout=180) for request_id in ids]
+                assert [r.status for r in done] == [RequestStatus.SUCCEEDED] * len(names), [
+                    r.to_json() for r in done
+                ]
+                assert holder.stats.submitted + other.stats.submitted == len(names)
+                assert other.stats.submitted > 0  # each claims its share of the pending requests
+                # the other's last end read: at most a second after the holder stored it
+                await eventually(lambda: not other._jobs, what="every end learned by the other", timeout=30)
+                assert other.stats.ends_read == other.stats.submitted
+                other_watch = other._backends[BACKEND].watcher
+                holder_watch = holder._backends[BACKEND].watcher
+                assert other_watch is not None and holder_watch is not None
+                assert other_watch.paused and not holder_watch.paused
+                assert holder_watch.stats.versions > 0
+                for instance in names:
+                    assert (await rapi.get_instance(instance)).name == instance
+        finally:
+            await remove_everywhere(rapi, names, testbed)
