@@ -22,7 +22,14 @@ INSTANCE: dict[str, Any] = {"os": "noop", "disk_template": "diskless", "tags": [
 
 
 def spec(name: str) -> dict[str, Any]:
-    return {"name": name, "os": "noop", "disk_template": "diskless", "beparams": {"memory": 128}}
+    return {
+        "name": name,
+        "os": "noop",
+        "disk_template": "diskless",
+        "beparams": {"memory": 128},
+        "tags": ["a", "b"],
+        "osparams": {"nested": [{"x": 1, "y": None}]},
+    }
 
 
 @pytest.fixture
@@ -51,6 +58,9 @@ async def test_a_burst_is_added_placed_and_submitted_in_batches(db_url: str, bat
         names = [f"vm{i}.example.com" for i in range(40)]
         added = await asyncio.gather(*(add(store, name) for name in names))
         assert all(new for _, new in added)
+        assert batches["add_many"] >= 2
+        # the requests handed back are the rows written (built from the values, not read back)
+        assert [request for request, _ in added] == [await store.get_request(r.id) for r, _ in added]
         claimed = await store.claim_requests("d1", 100)
         assert len(claimed) == 40
         placed = await asyncio.gather(
