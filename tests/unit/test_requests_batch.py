@@ -67,6 +67,7 @@ async def test_a_burst_is_added_placed_and_submitted_in_batches(db_url: str, bat
             *(store.place_request(r.id, "d1", "b1", dict(INSTANCE), unique_names="global") for r in claimed)
         )
         assert all(r.backend == "b1" and r.attempts == 1 and r.instance_id for r in placed)
+        assert placed == [await store.get_request(r.id) for r in placed]  # as written, not read back
         assert len({r.instance_id for r in placed}) == 40
         # placed: the create is in progress (task build) before its job is sent
         building = await store.list_instances(backend="b1")
@@ -77,6 +78,7 @@ async def test_a_burst_is_added_placed_and_submitted_in_batches(db_url: str, bat
             *(store.submitted_request(r.id, 100 + i, start=True) for i, r in enumerate(claimed))
         )
         assert {r.status for r in submitted} == {RequestStatus.SUBMITTED}
+        assert submitted == [await store.get_request(r.id) for r in submitted]
         assert sorted(r.job_id for r in submitted) == list(range(100, 140))
         for request in submitted:
             instance = await store.get_instance("b1", request.instance)

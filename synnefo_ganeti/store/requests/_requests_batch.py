@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -381,9 +381,18 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
         ],
         key=("b_id",),
     )
-    placed = _requests(conn, new_ids)
-    for index, item, _ in fast:
-        outcomes[index] = (True, Request.from_row(placed[item.request_id]))
+    # the rows as written: what was read above, with this statement's values (not read back)
+    for index, item, row in fast:
+        before = Request.from_row(row)
+        placed = replace(
+            before,
+            backend=item.backend,
+            attempts=before.attempts + 1,
+            updated_at=now,
+            instance_id=new_ids[item.request_id],
+            waiting_reason=None,
+        )
+        outcomes[index] = (True, placed)
     return outcomes
 
 
@@ -464,7 +473,16 @@ def submitted_many(conn: Connection, items: list[SubmittedArgs]) -> list[Outcome
     )
     for backend in sorted({row.backend for _, _, row, _ in fast}):
         notify_job_recorded(conn, backend)  # the dispatcher follows them (backends without a watcher)
-    submitted = _requests(conn, (item.request_id for _, item, _, _ in fast))
-    for index, item, _, _ in fast:
-        outcomes[index] = (True, Request.from_row(submitted[item.request_id]))
+    # the rows as written: what was read above, with this statement's values (not read back)
+    for index, item, row, _ in fast:
+        submitted = replace(
+            Request.from_row(row),
+            status=RequestStatus.SUBMITTED,
+            job_id=item.job_id,
+            error=None,
+            submitted_at=now,
+            updated_at=now,
+            claimed_by=None,
+        )
+        outcomes[index] = (True, submitted)
     return outcomes
