@@ -199,6 +199,7 @@ class QueueWatcher:
         problem: str | None = None
         while True:
             if not self._active.is_set():
+                self.ready.set()  # (paused before its first watch: nothing to wait for)
                 await self._active.wait()
             try:
                 with Inotify(cache_size=1024) as inotify:

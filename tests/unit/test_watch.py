@@ -323,6 +323,27 @@ async def test_a_paused_watch_holds_no_inotify_and_a_resume_reads_what_changed(
         await wait_for_statuses(store, backend, {**expected, 3: "queued"})
 
 
+async def test_a_watch_paused_before_it_starts_is_ready_and_reads_at_its_resume(
+    sqlite_url: str, queue: Path
+) -> None:
+    backend = new_backend("paused-first")
+    versions = lifecycle(1, "success")
+    for content in versions:
+        write_version(queue, 1, content)
+    async with Store(sqlite_url) as store:
+        watcher = QueueWatcher(queue, store, backend)
+        watcher.pause()  # (a dispatcher's first lease round can come before its watcher runs)
+        task = asyncio.create_task(watcher.run())
+        try:
+            await asyncio.wait_for(watcher.ready.wait(), DEADLINE)
+            assert watcher._inotify is None and watcher.stats.files_read == 0
+            watcher.resume()
+            await wait_for_statuses(store, backend, {1: status_of(versions[-1])})
+        finally:
+            watcher.stop()
+            await asyncio.wait_for(task, DEADLINE)
+
+
 # -- 4. the archive -------------------------------------------------------------------------------
 
 
