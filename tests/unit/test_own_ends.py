@@ -11,26 +11,14 @@ from typing import Any
 import asyncpg
 import pytest
 
-from synnefo_ganeti import ControlPlane
 from synnefo_ganeti.dispatch import Dispatcher, _ends
-from synnefo_ganeti.store import RequestStatus, Store
+from synnefo_ganeti.store import RequestStatus
 from tests.helpers import eventually, spec
-from tests.unit.test_dispatcher import fakes, finished, running
-from tests.unit.test_dispatchers_share_watch import options, watcher_of
+from tests.unit.test_dispatcher import finished
+from tests.unit.test_dispatchers_share_watch import two_dispatchers, watcher_of
 
 _LISTENING = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = $1"
 _LISTEN = 'LISTEN "synnefo_ganeti_events"'
-
-
-async def holder_and_other(d1: Dispatcher, d2: Dispatcher) -> tuple[Dispatcher, Dispatcher]:
-    await eventually(
-        lambda: (
-            all(d.leases is not None and d.leases.claimers() == 2 for d in (d1, d2))
-            and sum(len(d.leases.held) for d in (d1, d2) if d.leases is not None) == 1
-        ),
-        what="both dispatchers claiming, one holding f1's lease",
-    )
-    return (d1, d2) if d1.leases is not None and d1.leases.holds("f1") else (d2, d1)
 
 
 async def listening(raw: Any, count: int) -> bool:
@@ -51,26 +39,20 @@ def learned_all(d: Dispatcher) -> bool:
 
 
 async def test_a_failed_create_of_the_other_dispatcher_is_learned_from_the_store(pg_url: str) -> None:
-    async with fakes(1) as (f1,):
-        settings = options(pg_url, f1)
-        async with Store(pg_url) as store, ControlPlane(settings, store=store) as cp:
-            d1 = Dispatcher(settings, dispatcher_id="one", status_server=False)
-            d2 = Dispatcher(settings, dispatcher_id="two", status_server=False)
-            async with running(d1), running(d2):
-                holder, other = await holder_and_other(d1, d2)
-                no_claims(holder)  # every request goes to the other one
-                read_before = watcher_of(other).stats.files_read
-                await eventually(lambda: other.allocator.view("f1").catalog is not None, what="f1's catalog")
-                warm = await finished(cp, await cp.request_instance(spec("warm.example")), timeout=60)
-                assert warm.status is RequestStatus.SUCCEEDED
-                f1.cluster.oses.clear()  # the next create's job fails in Ganeti (no such OS)
-                failed = await finished(cp, await cp.request_instance(spec("noos.example")), timeout=60)
-                assert failed.status is RequestStatus.FAILED and failed.error is not None
-                assert "noos.example" not in f1.cluster.instances
-                await eventually(lambda: learned_all(other), what="both ends learned by the other")
-                assert other.stats.submitted == 2 and holder.stats.submitted == 0
-                assert other.stats.ends_read == 2  # the success and the failure, each once
-                assert watcher_of(other).stats.files_read == read_before  # no job file read
+    async with two_dispatchers(pg_url) as (f1, cp, holder, other):
+        no_claims(holder)  # every request goes to the other one
+        read_before = watcher_of(other).stats.files_read
+        await eventually(lambda: other.allocator.view("f1").catalog is not None, what="f1's catalog")
+        warm = await finished(cp, await cp.request_instance(spec("warm.example")), timeout=60)
+        assert warm.status is RequestStatus.SUCCEEDED
+        f1.cluster.oses.clear()  # the next create's job fails in Ganeti (no such OS)
+        failed = await finished(cp, await cp.request_instance(spec("noos.example")), timeout=60)
+        assert failed.status is RequestStatus.FAILED and failed.error is not None
+        assert "noos.example" not in f1.cluster.instances
+        await eventually(lambda: learned_all(other), what="both ends learned by the other")
+        assert other.stats.submitted == 2 and holder.stats.submitted == 0
+        assert other.stats.ends_read == 2  # the success and the failure, each once
+        assert watcher_of(other).stats.files_read == read_before  # no job file read
 
 
 async def test_ends_are_read_again_after_the_database_drops_the_listening_connection(
@@ -78,35 +60,25 @@ async def test_ends_are_read_again_after_the_database_drops_the_listening_connec
 ) -> None:
     monkeypatch.setattr(_ends, "OWN_ENDS_RETRY", 0.1)
     caplog.set_level(logging.INFO, logger="synnefo_ganeti.dispatch")
-    async with fakes(1) as (f1,):
-        settings = options(pg_url, f1)
-        async with Store(pg_url) as store, ControlPlane(settings, store=store) as cp:
-            d1 = Dispatcher(settings, dispatcher_id="one", status_server=False)
-            d2 = Dispatcher(settings, dispatcher_id="two", status_server=False)
-            async with running(d1), running(d2):
-                holder, other = await holder_and_other(d1, d2)
-                no_claims(holder)
-                raw: Any = await asyncpg.connect(pg_url.replace("postgresql+asyncpg", "postgresql"))
-                try:
-                    # the other listens (the holder, which follows every backend, does not)
-                    await eventually(lambda: listening(raw, 1), what="the other listening, the holder not")
-                    assert other._reads_own_ends("f1") and not holder._reads_own_ends("f1")
-                    killed = await raw.fetchval(
-                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND query = $1",
-                        _LISTEN,
-                    )
-                    assert killed == 1
-                    await eventually(
-                        lambda: "dropped the LISTEN connection" in caplog.text, what="the drop seen"
-                    )
-                    await eventually(
-                        lambda: raw.fetchval(_LISTENING, _LISTEN), what="listening again", timeout=30
-                    )
-                finally:
-                    await raw.close()
-                ids = [await cp.request_instance(spec(f"after{i}.example")) for i in range(5)]
-                done = await asyncio.gather(*(finished(cp, rid, timeout=60) for rid in ids))
-                assert all(r.status is RequestStatus.SUCCEEDED for r in done)
-                await eventually(lambda: learned_all(other), what="every end learned by the other")
-                assert other.stats.ends_read == other.stats.submitted == 5
+    async with two_dispatchers(pg_url) as (_f1, cp, holder, other):
+        no_claims(holder)
+        raw: Any = await asyncpg.connect(pg_url.replace("postgresql+asyncpg", "postgresql"))
+        try:
+            # the other listens (the holder, which follows every backend, does not)
+            await eventually(lambda: listening(raw, 1), what="the other listening, the holder not")
+            assert other._reads_own_ends("f1") and not holder._reads_own_ends("f1")
+            killed = await raw.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query = $1",
+                _LISTEN,
+            )
+            assert killed == 1
+            await eventually(lambda: "dropped the LISTEN connection" in caplog.text, what="the drop seen")
+            await eventually(lambda: raw.fetchval(_LISTENING, _LISTEN), what="listening again", timeout=30)
+        finally:
+            await raw.close()
+        ids = [await cp.request_instance(spec(f"after{i}.example")) for i in range(5)]
+        done = await asyncio.gather(*(finished(cp, rid, timeout=60) for rid in ids))
+        assert all(r.status is RequestStatus.SUCCEEDED for r in done)
+        await eventually(lambda: learned_all(other), what="every end learned by the other")
+        assert other.stats.ends_read == other.stats.submitted == 5
