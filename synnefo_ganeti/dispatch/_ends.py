@@ -12,8 +12,10 @@ ends come two ways:
   by the holder of its follow lease alone (``dispatch/_leases.py``): it stores every version of
   every job there, this dispatcher's creates among them. The others read no job file of that
   backend (reading each version of their own creates' files cost a second dispatcher more
-  than anything else it did: issue 31); each learns its creates' ends from the ``jobs`` rows
-  the holder wrote. Woken by every commit that stores job events (``NOTIFY`` on the events
+  than anything else it did: issue 31), and their watcher of it is paused, no inotify instance
+  at all (``_wiring._pause_watchers``); each learns its creates' ends from the ``jobs`` rows
+  the holder wrote. It listens only while another dispatcher holds such a lease: PostgreSQL
+  wakes every listening connection of the database at each commit that notifies. Woken by every commit that stores job events (``NOTIFY`` on the events
   channel), it waits :data:`OWN_ENDS_LINGER` for the commits made meanwhile, then reads in one
   statement per backend which of its creates in flight there ended; at least every
   :data:`OWN_ENDS_POLL` seconds whatever it heard (a notification lost, the listening connection
