@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import sys
@@ -137,8 +138,12 @@ async def dispatcher_child(args: argparse.Namespace) -> None:
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
+    stats = (dispatcher.stats.to_json(), dataclasses.asdict(dispatcher.store.stats))
     dispatcher.stop()
     await running
+    if os.environ.get("SYNNEFO_GANETI_BENCH_STATS"):  # what each dispatcher and its writer did
+        progress(f"dispatcher {os.getpid()}: {orjson.dumps(stats[0]).decode()}")
+        progress(f"its writer: {orjson.dumps(stats[1]).decode()}")
 
 
 async def child(*argv: str) -> asyncio.subprocess.Process:

@@ -123,12 +123,27 @@ def burst_specs(mode: str, nodes: tuple[str, ...], domain: str) -> list[Instance
     return specs
 
 
+#: Ganeti's fake hypervisor (``hv_fake.py``) starts an instance by opening its file and then
+#: writing its memory in it, and reads every instance's file for their memory when another create
+#: asks the node's free memory: read between the two, the file is empty and that create fails with
+#: this (seen once in a clean-clone rehearsal, 2026-11-30). A defect of Ganeti's test hypervisor,
+#: not of locking (no real hypervisor keeps such files): the burst is sent again.
+HV_FAKE_RACE = "invalid literal for int() with base 10: ''"
+BURST_ATTEMPTS = 3
+
+
+class HypervisorRace(Exception):
+    """A create of the burst failed on :data:`HV_FAKE_RACE`."""
+
+
 async def run_burst(rapi: RapiClient, specs: list[InstanceSpec], deadline: float) -> list[int]:
     """Send the creates at once, wait for them all; remove the instances (even on failure)."""
     ids = await asyncio.gather(*(rapi.create_instance(s) for s in specs))
     try:
         jobs = await asyncio.gather(*(rapi.wait_for_job(j, timeout=deadline) for j in ids))
         failed = [(j.id, j.failure) for j in jobs if j.status is not JobStatus.SUCCESS]
+        if failed and all(failure is not None and HV_FAKE_RACE in failure.message for _, failure in failed):
+            raise HypervisorRace(failed)
         assert not failed, failed
     finally:
         await remove(rapi, [s.name for s in specs], deadline)
@@ -161,7 +176,17 @@ def check(mode: str, where: str, got: Figures) -> None:
 async def test_real_and_fake_lock_the_same_way(testbed3, mode: str, capsys) -> None:
     bed = testbed3.bed
     async with RapiClient(bed.url, username=bed.username, password=bed.password, ca_file=bed.ca_file) as rapi:
-        real_ids = await run_burst(rapi, burst_specs(mode, testbed3.nodes, "ganeti.test"), DEADLINE)
+        for attempt in range(1, BURST_ATTEMPTS + 1):
+            try:
+                real_ids = await run_burst(rapi, burst_specs(mode, testbed3.nodes, "ganeti.test"), DEADLINE)
+                break
+            except HypervisorRace as race:
+                if attempt == BURST_ATTEMPTS:
+                    raise
+                with capsys.disabled():
+                    print(
+                        f"\nreal {mode}: Ganeti's fake hypervisor failed a create ({race}); sending the burst again"
+                    )
         real = figures(await query_jobs(rapi, real_ids))
     with capsys.disabled():
         print(f"\n{real.row('real', mode)}")

@@ -77,11 +77,13 @@ async def test_a_group_whose_transaction_fails_is_retried_call_by_call(
         run_group = database.run_group
         left = [1]
 
-        async def flaky(fns: Sequence[Any], *, exclusive: bool = True, savepoints: bool = False) -> Any:
+        async def flaky(
+            fns: Sequence[Any], *, exclusive: bool = True, shared: bool = False, savepoints: bool = False
+        ) -> Any:
             if left[0]:
                 left[0] -= 1
                 raise OperationalError("SELECT 1", {}, Exception("connection lost (injected)"))
-            return await run_group(fns, exclusive=exclusive, savepoints=savepoints)
+            return await run_group(fns, exclusive=exclusive, shared=shared, savepoints=savepoints)
 
         monkeypatch.setattr(database, "run_group", flaky)
         names = [f"b{i}" for i in range(10)]
@@ -227,3 +229,33 @@ async def test_calls_with_and_without_the_writers_lock_share_one_transaction(db_
             )
 
         assert await store.call_read(messages) == [f"m{i}" for i in range(6)]
+
+
+async def test_the_writer_lingers_for_more_callers_only_while_they_come_together(db_url: str) -> None:
+    """Group commit (``Writer.linger``): a hot write (here new requests) waits a moment for
+    others before its transaction once callers have come together, never for a caller alone."""
+
+    def spec(name: str) -> dict[str, Any]:
+        return {"name": name, "os": "noop", "disk_template": "diskless", "beparams": {"memory": 128}}
+
+    async def add(name: str) -> None:
+        await store.add_request(spec(name), name=name, backend=None, request_id=None, unique_names="global")
+
+    async with Store(db_url) as store:
+        for n in range(10):  # one at a time: no wait
+            await add(f"alone{n}.example.com")
+        assert store.stats.lingers == 0
+        await asyncio.gather(*(add(f"first{n}.example.com") for n in range(10)))
+        await asyncio.gather(*(add(f"second{n}.example.com") for n in range(10)))
+        lingered = store.stats.lingers
+        assert lingered >= 1  # the second wave, after a group of several
+        for n in range(10):  # alone again: at most the first waits (its group follows several)
+            await add(f"again{n}.example.com")
+        assert store.stats.lingers <= lingered + 1
+        assert len(await store.list_requests(limit=None)) == 40
+
+        store._writer.linger = 0  # off: never
+        before = store.stats.lingers
+        await asyncio.gather(*(add(f"third{n}.example.com") for n in range(10)))
+        await asyncio.gather(*(add(f"fourth{n}.example.com") for n in range(10)))
+        assert store.stats.lingers == before

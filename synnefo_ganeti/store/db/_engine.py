@@ -61,6 +61,16 @@ def reason(exc: BaseException) -> str:
     return f"{type(original).__name__}: {message[:200]}" if message else type(original).__name__
 
 
+def is_deadlock(exc: BaseException) -> bool:
+    """PostgreSQL ended the transaction to break a cycle of lock waits (SQLSTATE 40P01): nothing
+    of it was written, and running it again goes through (``store/db/_locks.py``)."""
+    original = getattr(exc, "orig", None)
+    for candidate in (original, getattr(original, "__cause__", None)):
+        if getattr(candidate, "sqlstate", None) == "40P01":
+            return True
+    return False
+
+
 #: how long closing waits for connects cut off midway (twice: a connect, then its close)
 _ABANDONED_WAIT = 5.0
 
@@ -277,9 +287,10 @@ class Database:
     ) -> AsyncConnection:
         """Begin a write transaction: SQLite ``BEGIN IMMEDIATE``; PostgreSQL the writers' lock,
         exclusive (``exclusive``: the default, for writes that read and then decide), shared
-        (``shared``: writes that exclude only the exclusive ones, such as the job-version batches,
-        which lock what they touch per backend), or none (``exclusive=False``: request claims,
-        which rely on row locks; new requests, which lock their names and ids).
+        (``shared``: writes that exclude only the exclusive ones and lock by key what they touch,
+        ``store/db/_locks.py``: the job-version batches, their backends' jobs and each job;
+        placements, their names; submit records, their jobs), or none (``exclusive=False``:
+        request claims, which rely on row locks; new requests, which lock their names and ids).
 
         The change feed needs no lock of the writers (migration 0015, ``changes/_horizon.py``)."""
         if self.dialect == "sqlite":
@@ -346,6 +357,7 @@ class Database:
         calls: Sequence[tuple[Callable[[Connection], Any], Batched | None]],
         *,
         exclusive: bool = True,
+        shared: bool = False,
         savepoints: bool = False,
     ) -> list[Outcome]:
         """Several callers' writes in one write transaction, one commit for all: each in a
@@ -353,7 +365,9 @@ class Database:
         a savepoint of its own); per call ``(True, result)`` or ``(False, exception)``.
         Database trouble other than an integrity error ends the transaction (raised, nothing
         written)."""
-        return await self.run_transaction(grouped(calls, savepoints=savepoints), exclusive=exclusive)
+        return await self.run_transaction(
+            grouped(calls, savepoints=savepoints), exclusive=exclusive, shared=shared
+        )
 
     def _transaction_in_thread(self, fn: Callable[[Connection], T]) -> T:
         assert self.sync_engine is not None

@@ -29,7 +29,7 @@ from synnefo_ganeti._backoff import Backoff
 from synnefo_ganeti.errors import ConflictError, StoreError
 from synnefo_ganeti.jobs import JobSummary
 from synnefo_ganeti.store.db._batch import Batched, _BatchFailed
-from synnefo_ganeti.store.db._engine import Database, reason
+from synnefo_ganeti.store.db._engine import Database, is_deadlock, reason
 
 if TYPE_CHECKING:  # the writer queues job-file versions; the jobs concern defines them
     from synnefo_ganeti.store.jobs._models import JobVersion
@@ -47,6 +47,11 @@ BatchResult = tuple[list[tuple[str, JobSummary]], int, int, int, list[tuple[str,
 _TRANSIENT = (DBAPIError, OSError, TimeoutError, ConnectionError)
 #: attempts of one call while the database is unavailable (about 5 minutes with the backoff)
 _CALL_ATTEMPTS = 60
+#: the writer's wait for more calls before a hot call's transaction, while callers come together
+#: (group commit: fewer, larger transactions when a burst keeps the database busy; issue 31)
+LINGER = 0.003
+#: the last group of calls had at least this many: callers are coming together
+LINGER_SIBLINGS = 2
 
 
 @dataclass(slots=True)
@@ -57,6 +62,9 @@ class _Call:
     future: asyncio.Future[Any]
     #: PostgreSQL: take the writers' advisory lock (False for request claims, which rely on row locks)
     exclusive: bool = True
+    #: PostgreSQL: take it shared instead (placements, submit records: they lock their names and
+    #: jobs by key, ``store/db/_locks.py``, and exclude only the writes that read and then decide)
+    shared: bool = False
     queued_at: float = field(default_factory=time.monotonic)
     #: the writer took it up; or its caller gave up waiting first (the writer then skips it)
     started: bool = False
@@ -95,6 +103,8 @@ class WriterStats:
     retries: int = 0
     #: callers' writes committed together with others' (one transaction, a savepoint each)
     grouped: int = 0
+    #: the times the writer waited for more calls before a transaction (``Writer.linger``)
+    lingers: int = 0
 
 
 class Writer:
@@ -119,6 +129,10 @@ class Writer:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.wakeup = asyncio.Event()
+        #: how long a hot call waits for others before its transaction, while callers come
+        #: together (:meth:`_should_linger`); 0: never
+        self.linger = LINGER
+        self._last_group = 0
         #: SQLite: since when (monotonic) the writer's transactions fail with "database is locked"
         self._locked_since: float | None = None
 
@@ -176,15 +190,23 @@ class Writer:
         return 0 if self._queue is None else self._queue.qsize()
 
     async def call(
-        self, fn: Callable[[Connection], T], *, exclusive: bool = True, batch: Batched | None = None
+        self,
+        fn: Callable[[Connection], T],
+        *,
+        exclusive: bool = True,
+        shared: bool = False,
+        batch: Batched | None = None,
     ) -> T:
         """Run ``fn(connection)`` in a write transaction of the writer task; its result.
 
-        ``batch``: the same write as a step of a set-based function, which the writer runs once
-        for all the calls of that kind it finds queued together (``fn`` for those it leaves)."""
+        ``exclusive``/``shared``: the writers' advisory lock (PostgreSQL) exclusive (the
+        default), shared (``shared=True``: a write that locks what it touches by key), or none
+        (``exclusive=False``). ``batch``: the same write as a step of a set-based function, which
+        the writer runs once for all the calls of that kind it finds queued together (``fn`` for
+        those it leaves)."""
         queue = self._open_queue()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        call = _Call(fn, future, exclusive, batch=batch)
+        call = _Call(fn, future, exclusive and not shared, shared, batch=batch)
         await queue.put(call)
         if self.db.dialect != "sqlite":
             return await future
@@ -234,11 +256,19 @@ class Writer:
                 stopping = True
             else:
                 items.append(first)
+            lingered = False
             while len(items) < self.batch_size and not stopping:
                 try:
                     item = queue.get_nowait()
                 except asyncio.QueueEmpty:
-                    break
+                    if lingered or not self._should_linger(first):
+                        break
+                    # callers at once (the last group had several): a moment for more of them,
+                    # as PostgreSQL's commit_delay with commit_siblings (see LINGER)
+                    lingered = True
+                    self.stats.lingers += 1
+                    await asyncio.sleep(self.linger)
+                    continue
                 taken += 1
                 if item is None:
                     stopping = True
@@ -262,6 +292,18 @@ class Writer:
                 for _ in range(taken):
                     queue.task_done()
 
+    def _should_linger(self, first: _Pending) -> bool:
+        """Wait :attr:`linger` for more calls before a call's transaction: only a call that has
+        a set-based step (the hot writes: requests added, placed, submitted), and only while
+        callers come together (the last group of calls had :data:`LINGER_SIBLINGS` or more). A
+        caller alone (an API writing one request at a time) never waits."""
+        return (
+            self.linger > 0
+            and isinstance(first, _Call)
+            and first.batch is not None
+            and self._last_group >= LINGER_SIBLINGS
+        )
+
     def _retried(self, exc: BaseException) -> bool:
         """Count a retry; whether ``exc`` is SQLite's "locked", noting since when it is."""
         self.stats.retries += 1
@@ -271,10 +313,18 @@ class Writer:
             self._locked_since = time.monotonic()
         return locked
 
+    def _deadlock(self, exc: BaseException) -> None:
+        """PostgreSQL ended one of the writer's transactions to break a cycle of lock waits with
+        another's (two keys taken in two orders: ``store/db/_locks.py``): run again, at once."""
+        self.stats.retries += 1
+        metrics.STORE_WRITE_RETRIES.inc()
+        log.info("database %s: %s; writing it again", self.db.display_url, reason(exc))
+
     async def _calls(self, calls: list[_Call]) -> None:
         """Several callers' writes in one transaction (a savepoint each: one that fails is
         rolled back alone); on database trouble, each call on its own with the usual retries."""
         calls = [call for call in calls if not call.abandoned]
+        self._last_group = len(calls)
         if not calls or (len(calls) == 1 and calls[0].batch is None):
             for call in calls:
                 await self._call_with_retry(call)
@@ -284,14 +334,16 @@ class Writer:
         for call in calls:
             call.started = True
         group = [(call.fn, call.batch) for call in calls]
+        # the strongest lock one of them needs: exclusive, else shared, else none
         exclusive = any(call.exclusive for call in calls)
+        shared = not exclusive and any(call.shared for call in calls)
         try:
             try:
-                outcomes = await self.db.run_group(group, exclusive=exclusive)
+                outcomes = await self.db.run_group(group, exclusive=exclusive, shared=shared)
             except _BatchFailed:
                 # a batch step failed (a race its checks did not see): all again, each step in
                 # a savepoint of its own, where a failed one is rolled back alone (see ._batch)
-                outcomes = await self.db.run_group(group, exclusive=exclusive, savepoints=True)
+                outcomes = await self.db.run_group(group, exclusive=exclusive, shared=shared, savepoints=True)
         except (*_TRANSIENT, _BatchFailed):
             for call in calls:  # (the retries count and say what went wrong)
                 await self._call_with_retry(call)
@@ -328,12 +380,15 @@ class Writer:
         backoff = Backoff(initial=0.05, maximum=5.0)
         for attempt in range(_CALL_ATTEMPTS):
             try:
-                result = await self.db.run_transaction(call.fn, exclusive=call.exclusive)
+                result = await self.db.run_transaction(call.fn, exclusive=call.exclusive, shared=call.shared)
             except IntegrityError as exc:
                 if not call.future.done():
                     call.future.set_exception(self._conflict(exc))
                 return
             except _TRANSIENT as exc:
+                if is_deadlock(exc):  # (another transaction's keys: at once, as the batch's below)
+                    self._deadlock(exc)
+                    continue
                 if self._retried(exc):
                     waited = time.monotonic() - call.queued_at
                     if waited >= self.db.busy_timeout:
@@ -379,6 +434,9 @@ class Writer:
                     raise self.db.error("repeated conflicts writing to", exc) from None
                 continue
             except _TRANSIENT as exc:
+                if is_deadlock(exc):
+                    self._deadlock(exc)
+                    continue
                 locked = self._retried(exc)
                 if down_since is None:
                     down_since = time.monotonic()

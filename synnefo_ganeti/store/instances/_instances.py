@@ -23,6 +23,7 @@ from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.errors import ConflictError, NotFoundError
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.store.backends._rows import Backend
+from synnefo_ganeti.store.db._locks import jobs_key, lock_keys
 from synnefo_ganeti.store.instances._rows import Instance, InstanceJob
 from synnefo_ganeti.store.jobs._rows import Job
 
@@ -271,7 +272,9 @@ def add_instance_row(
         )
     if row is not None:
         # jobs of the name's previous life not applied yet must not move its row any more (back
-        # out of DESTROYED, while the name is the new row's)
+        # out of DESTROYED, while the name is the new row's); a batch of the backend's job
+        # versions applying one now finishes first (a placement holds the writers' lock shared)
+        lock_keys(conn, (jobs_key(backend_id),))
         conn.execute(
             delete(instance_jobs_t).where(
                 instance_jobs_t.c.instance_id == row.id, instance_jobs_t.c.applied_at.is_(None)

@@ -26,7 +26,7 @@ from synnefo_ganeti.store.backends._backends import Backends, backends_t
 from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.db._copy import insert_rows
 from synnefo_ganeti.store.db._engine import NOTIFY_CHANNEL, Database
-from synnefo_ganeti.store.db._locks import lock_keys
+from synnefo_ganeti.store.db._locks import job_key, jobs_key, lock_keys
 from synnefo_ganeti.store.db._many import execute_many
 from synnefo_ganeti.store.db._writer import BatchResult
 from synnefo_ganeti.store.jobs._models import JobVersion, PruneResult, StoredJob, StoredOp
@@ -194,8 +194,14 @@ def apply_versions(
         per_job = grouped.setdefault(backends.ids[version.backend], {})
         per_job.setdefault(version.job.job_id, []).append(version)
     # the global lock is shared here (see Jobs.write_batch): two batches of one backend's jobs
-    # (two dispatchers' watchers or followers) one at a time, each seeing what the other wrote
-    lock_keys(conn, (f"jobs:{backend_id}" for backend_id in grouped))
+    # (two dispatchers' watchers or followers) one at a time, each seeing what the other wrote;
+    # and each job's own key, which a submit record takes too (store/requests/_requests_batch.py):
+    # of a job's end and its record, the second to commit sees the first (one statement, sorted)
+    lock_keys(
+        conn,
+        [jobs_key(backend_id) for backend_id in grouped]
+        + [job_key(backend_id, job_id) for backend_id, jobs in grouped.items() for job_id in jobs],
+    )
 
     now = datetime.now(UTC)
     inserts: list[dict[str, Any]] = []

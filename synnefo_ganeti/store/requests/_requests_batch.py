@@ -38,7 +38,7 @@ from sqlalchemy.sql import Executable
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.db._batch import Outcome
-from synnefo_ganeti.store.db._locks import lock_keys
+from synnefo_ganeti.store.db._locks import job_key, jobs_key, lock_keys
 from synnefo_ganeti.store.db._many import execute_many
 from synnefo_ganeti.store.instances._instances import (
     InstanceAction,
@@ -300,6 +300,9 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
     """Place the requests of ``items`` on their backends (see :meth:`Requests.place`)."""
     rows = _requests(conn, (item.request_id for item in items))
     names = {row.name for row in rows.values()}
+    # (no name's lock: the writers' lock is shared, but a request placed here is its name's one
+    # open holder, which the API's checks keep so under the name's lock, and the unique index of
+    # live rows stops a second row of the name on a backend; an earlier life's jobs are locked)
     live: set[str] = set()  # names with an instance row not DESTROYED (any backend)
     last_destroyed: dict[tuple[int, str], int] = {}  # (backend, name) -> its latest DESTROYED row
     for found in conn.execute(_NAMED, {"b_names": sorted({name.lower() for name in names})}):
@@ -339,6 +342,8 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
     ]
     if stale:
         # jobs of the names' previous lives not applied yet must not move those rows any more
+        # (a batch of their backend's job versions applying one now finishes first)
+        lock_keys(conn, (jobs_key(i.backend_id) for _, i, _ in fast))
         conn.execute(
             delete(instance_jobs_t).where(
                 instance_jobs_t.c.instance_id.in_(stale), instance_jobs_t.c.applied_at.is_(None)
@@ -405,6 +410,9 @@ def submitted_many(conn: Connection, items: list[SubmittedArgs]) -> list[Outcome
         live[(found.backend_id, found.name)].append(found)
     pairs = [(rows[i.request_id].backend_id, i.job_id) for i in items if i.request_id in rows]
     pairs = [pair for pair in pairs if pair[0] is not None]
+    # the jobs' keys, as the batch that stores their ends takes them (store/jobs/_jobs.py): of a
+    # job's record and its end, the second sees the first (the writers' lock is only shared)
+    lock_keys(conn, (job_key(backend_id, job_id) for backend_id, job_id in pairs))
     recorded: set[tuple[int, int]] = set()
     ended: set[tuple[int, int]] = set()
     if pairs:

@@ -19,6 +19,7 @@ from synnefo_ganeti.errors import ConflictError
 from synnefo_ganeti.store.backends._backends import Backends, backends_t
 from synnefo_ganeti.store.db._batch import Batched
 from synnefo_ganeti.store.db._engine import Database
+from synnefo_ganeti.store.db._locks import job_key, jobs_key, lock_keys
 from synnefo_ganeti.store.db._writer import Writer
 from synnefo_ganeti.store.instances._apply import record_job
 from synnefo_ganeti.store.instances._instances import (
@@ -58,9 +59,13 @@ def _replace_row(
 ) -> bool:
     """The request's instance row written by an earlier attempt takes this placement (on this
     backend or another: the same instance, the same id); False: it has none yet."""
-    row = conn.execute(select(instances_t.c.id).where(instances_t.c.uuid == instance_id)).first()
+    row = conn.execute(
+        select(instances_t.c.id, instances_t.c.backend_id).where(instances_t.c.uuid == instance_id)
+    ).first()
     if row is None:
         return False
+    # a batch applying one of those jobs' ends now finishes first, or finds them gone
+    lock_keys(conn, (jobs_key(row.backend_id),))
     # the earlier attempt's jobs not applied yet must not move it any more
     conn.execute(
         delete(instance_jobs_t).where(
@@ -177,7 +182,7 @@ class Requests:
 
         def run(conn: Connection) -> Request:
             before = _requests.must_get(conn, request_id)
-            if unique_names is not None:
+            if unique_names is not None:  # (under the name's lock: see place_many)
                 check_name_free(
                     conn,
                     before.instance,
@@ -203,9 +208,10 @@ class Requests:
             )
             return _requests.must_get(conn, request_id)
 
-        # many at once in a few statements, when the writer finds them queued together
+        # many at once in a few statements, when the writer finds them queued together; the
+        # writers' lock shared (an earlier attempt's jobs are locked: _replace_row)
         batch = Batched(place_many, PlaceArgs(request_id, dispatcher, backend, backend_id, instance))
-        return await self.writer.call(run, batch=batch)
+        return await self.writer.call(run, batch=batch, shared=True)
 
     async def unplace(self, request_id: str, dispatcher: str, *, error: str | None) -> Request:
         return await self.writer.call(
@@ -225,6 +231,9 @@ class Requests:
                     select(backends_t.c.id).where(backends_t.c.name == request.backend)
                 ).scalar_one()
             )
+            # the job's key, as the batch that stores its end takes it: of the two, the second
+            # sees the first (record_job applies an end stored already; the batch, a record)
+            lock_keys(conn, (job_key(backend_id, job_id),))
             _requests.mark_submitted(conn, request_id, job_id)
             record_job(
                 conn,
@@ -249,7 +258,7 @@ class Requests:
             return _requests.must_get(conn, request_id)
 
         batch = Batched(submitted_many, SubmittedArgs(request_id, job_id, start))
-        return await self.writer.call(run, batch=batch)
+        return await self.writer.call(run, batch=batch, shared=True)  # (the job's key instead)
 
     async def finish(
         self,
