@@ -289,7 +289,7 @@ class Database:
         exclusive (``exclusive``: the default, for writes that read and then decide), shared
         (``shared``: writes that exclude only the exclusive ones and lock by key what they touch,
         ``store/db/_locks.py``: the job-version batches, their backends' jobs and each job;
-        placements, their names; submit records, their jobs), or none (``exclusive=False``:
+        placements, an earlier life's jobs they drop; submit records, their jobs), or none (``exclusive=False``:
         request claims, which rely on row locks; new requests, which lock their names and ids).
 
         The change feed needs no lock of the writers (migration 0015, ``changes/_horizon.py``)."""

@@ -62,8 +62,8 @@ class _Call:
     future: asyncio.Future[Any]
     #: PostgreSQL: take the writers' advisory lock (False for request claims, which rely on row locks)
     exclusive: bool = True
-    #: PostgreSQL: take it shared instead (placements, submit records: they lock their names and
-    #: jobs by key, ``store/db/_locks.py``, and exclude only the writes that read and then decide)
+    #: PostgreSQL: take it shared instead (placements, submit records: they lock the jobs they
+    #: touch by key, ``store/db/_locks.py``, and exclude only the writes that read and then decide)
     shared: bool = False
     queued_at: float = field(default_factory=time.monotonic)
     #: the writer took it up; or its caller gave up waiting first (the writer then skips it)
