@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from synnefo_ganeti import InstanceSpec, JobStatus, RapiClient
+from synnefo_ganeti.store.instances._node_errors import node_fault
 from synnefo_ganeti.testing import FakeGaneti
 from tests.integration._testbed import name
 
@@ -127,13 +128,26 @@ def burst_specs(mode: str, nodes: tuple[str, ...], domain: str) -> list[Instance
 #: writing its memory in it, and reads every instance's file for their memory when another create
 #: asks the node's free memory: read between the two, the file is empty and that create fails with
 #: this (seen once in a clean-clone rehearsal, 2026-11-30). A defect of Ganeti's test hypervisor,
-#: not of locking (no real hypervisor keeps such files): the burst is sent again.
+#: not of locking (no real hypervisor keeps such files).
 HV_FAKE_RACE = "invalid literal for int() with base 10: ''"
 BURST_ATTEMPTS = 3
 
 
-class HypervisorRace(Exception):
-    """A create of the burst failed on :data:`HV_FAKE_RACE`."""
+class BedHiccup(Exception):
+    """Every failed create of the burst failed on the testbed, not on locking: the burst is sent again.
+
+    Two such failures are known: :data:`HV_FAKE_RACE`, and an RPC to a node (which is up) that did
+    not answer in time on the loaded 2-core CI machine (CI, 2026-11-30: ``Can't get data for node
+    node2.ganeti.test: Error 28: SSL connection timeout``, from ``IAllocator._ComputeDynamicNodeData``),
+    which :func:`~synnefo_ganeti.store.instances._node_errors.node_fault` reads as the node down."""
+
+
+def is_hiccup(message: str | None) -> bool:
+    """The failed create's message is one of :class:`BedHiccup`'s."""
+    if message is None:
+        return False
+    fault = node_fault(message)
+    return HV_FAKE_RACE in message or (fault is not None and fault.kind == "down")
 
 
 async def run_burst(rapi: RapiClient, specs: list[InstanceSpec], deadline: float) -> list[int]:
@@ -142,8 +156,8 @@ async def run_burst(rapi: RapiClient, specs: list[InstanceSpec], deadline: float
     try:
         jobs = await asyncio.gather(*(rapi.wait_for_job(j, timeout=deadline) for j in ids))
         failed = [(j.id, j.failure) for j in jobs if j.status is not JobStatus.SUCCESS]
-        if failed and all(failure is not None and HV_FAKE_RACE in failure.message for _, failure in failed):
-            raise HypervisorRace(failed)
+        if failed and all(f is not None and is_hiccup(f.message) for _, f in failed):
+            raise BedHiccup(failed)
         assert not failed, failed
     finally:
         await remove(rapi, [s.name for s in specs], deadline)
@@ -180,13 +194,11 @@ async def test_real_and_fake_lock_the_same_way(testbed3, mode: str, capsys) -> N
             try:
                 real_ids = await run_burst(rapi, burst_specs(mode, testbed3.nodes, "ganeti.test"), DEADLINE)
                 break
-            except HypervisorRace as race:
+            except BedHiccup as hiccup:
                 if attempt == BURST_ATTEMPTS:
                     raise
                 with capsys.disabled():
-                    print(
-                        f"\nreal {mode}: Ganeti's fake hypervisor failed a create ({race}); sending the burst again"
-                    )
+                    print(f"\nreal {mode}: the testbed failed a create ({hiccup}); sending the burst again")
         real = figures(await query_jobs(rapi, real_ids))
     with capsys.disabled():
         print(f"\n{real.row('real', mode)}")
