@@ -3,6 +3,7 @@ then two; each request's end read from the change feed in another process.
 
     python benchmarks/burst.py                                  # 2,000 requests, 1 then 2 dispatchers
     python benchmarks/burst.py --requests 200 --dispatchers 1   # the test's run
+    python benchmarks/burst.py --rate 100                       # the API paced: 100 requests a second
 
 The database starts as an established cloud's does (``--history``, default 20,000: past requests
 and instances, ended and DESTROYED, with the create jobs that made them and their events, then
@@ -16,6 +17,10 @@ requests through ``ControlPlane.request_instance`` while a fifth reads ``cp.chan
 
 One JSON line per run (progress on stderr):
 
+* ``offered_per_s``: ``--rate`` (``null``: none, the API tasks write as fast as they can, which is
+  faster than the rest of a 2-core machine can follow: the requests wait in the database, and
+  ``p99_submit_ms`` is that backlog's wait); ``written_per_s``: the requests over the time the API
+  tasks took to write them all;
 * ``submitted_per_s``: requests over the time from the first request written to the last
   create job recorded (``submitted_at``); ``succeeded_per_s`` likewise to the last end;
 * ``p50_submit_ms``/``p99_submit_ms``: a request written -> its create job recorded;
@@ -217,17 +222,20 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
             names = [f"burst-{dispatchers}-{i:05d}.fake.test" for i in range(args.requests)]
             request_ids: list[str] = []
 
-            async def api_task(share: list[str]) -> None:
-                for name in share:
+            async def api_task(first: int) -> None:
+                for index in range(first, args.requests, API_TASKS):
+                    if args.rate:  # the cloud's users' pace: request ``index`` comes at index / rate
+                        await asyncio.sleep(max(0.0, started + index / args.rate - time.time()))
                     spec = InstanceSpec(
-                        name=name, disk_template="diskless", os="noop", beparams={"memory": MEMORY}
+                        name=names[index], disk_template="diskless", os="noop", beparams={"memory": MEMORY}
                     )
                     request_ids.append(await cp.request_instance(spec))
 
             cpu = CpuSample(processes, postmaster, database_name(db_url))
             started = time.time()
-            await asyncio.gather(*(api_task(names[k::API_TASKS]) for k in range(API_TASKS)))
-            progress(f"written in {time.time() - started:.2f} s; waiting for every end in the feed")
+            await asyncio.gather(*(api_task(k) for k in range(API_TASKS)))
+            written_s = time.time() - started
+            progress(f"written in {written_s:.2f} s; waiting for every end in the feed")
             try:
                 await asyncio.wait_for(all_ended.wait(), DEADLINE_S)
             except TimeoutError:
@@ -268,6 +276,8 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
     return {
         "requests": args.requests,
         "dispatchers": dispatchers,
+        "offered_per_s": args.rate or None,
+        "written_per_s": round(args.requests / max(written_s, 1e-9), 1),
         "submitted_per_s": round(len(submitted) / max(max(submitted) - first, 1e-9), 1) if submitted else 0.0,
         "succeeded_per_s": round(len(finished) / max(max(finished) - first, 1e-9), 1) if finished else 0.0,
         "p50_submit_ms": round(statistics.median(submit_ms), 1) if submit_ms else None,
@@ -466,6 +476,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--history", type=int, default=HISTORY,
         help="past requests and instances in the database before the burst, analyzed (0: an empty one)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rate", type=float, default=0.0,
+        help="requests a second the API tasks write, paced (default 0: as fast as they can, the burst)",
     )  # fmt: skip
     parser.add_argument("--fake-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dispatcher-child", metavar="DB_URL", help=argparse.SUPPRESS)

@@ -27,6 +27,7 @@ def test_one_then_two_dispatchers_side_by_side(postgres_available: None) -> None
     runs, scale = lines[:-1], lines[-1]
     assert [run["dispatchers"] for run in runs] == [1, 2]
     for run in runs:
+        assert run["offered_per_s"] is None and run["written_per_s"] > 0, run
         assert run["requests"] == 120 and run["lost"] == 0 and run["duplicates"] == 0, run
         cpu = run["cpu_ms_per_request"]
         assert set(cpu) == {"dispatchers", "api", "fake", "postgresql"}, cpu
@@ -45,3 +46,20 @@ def test_one_then_two_dispatchers_side_by_side(postgres_available: None) -> None
     )
     assert scale["lost"] == 0 and scale["duplicates"] == 0
     assert set(scale["met"]) >= {"scale_2_to_1", "control_cpu_ratio", "lost", "duplicates"}
+
+
+@pytest.mark.timeout(300)
+def test_the_api_paced(postgres_available: None) -> None:
+    """``--rate``: request k is written no sooner than k / rate seconds after the first."""
+    requests, rate = 60, 40.0
+    done = subprocess.run(
+        [sys.executable, "benchmarks/burst.py", "--requests", str(requests), "--dispatchers", "1",
+         "--rate", str(rate), "--history", "0"],
+        capture_output=True, text=True, cwd=ROOT, timeout=280, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    (run,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert run["lost"] == 0 and run["duplicates"] == 0, run
+    assert run["offered_per_s"] == rate
+    # the last request came (requests - 1) / rate s after the first, at the earliest
+    assert 0 < run["written_per_s"] <= round(rate * requests / (requests - 1), 1) + 0.1, run

@@ -26,6 +26,7 @@ from sqlalchemy import Connection, bindparam, case, select, update
 
 from synnefo_ganeti.errors import InvalidError
 from synnefo_ganeti.store.db._any import any_of
+from synnefo_ganeti.store.db._checked import checked
 from synnefo_ganeti.store.instances._instances import InstanceStatus, instances_t
 
 __all__ = [
@@ -88,7 +89,7 @@ def set_node_state_rows(
 _LIVE_STATES = select(instances_t.c.id, instances_t.c.name, instances_t.c.node_state).where(
     instances_t.c.backend_id == bindparam("b_backend"),
     any_of(instances_t.c.name, "b_names"),
-    instances_t.c.status != InstanceStatus.DESTROYED.value,
+    checked(instances_t.c.status) != InstanceStatus.DESTROYED.value,
 )
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, bindparam, select, update
 
 from synnefo_ganeti.store.db._any import any_of
+from synnefo_ganeti.store.db._checked import checked
 from synnefo_ganeti.store.db._many import execute_many
 from synnefo_ganeti.store.instances._instances import InstanceStatus, instances_t
 
@@ -54,7 +55,7 @@ _LIVE_OBSERVED = select(
 ).where(
     instances_t.c.backend_id == bindparam("b_backend"),
     any_of(instances_t.c.name, "b_names"),
-    instances_t.c.status != InstanceStatus.DESTROYED.value,
+    checked(instances_t.c.status) != InstanceStatus.DESTROYED.value,
 )
 
 

@@ -38,6 +38,7 @@ from sqlalchemy.sql import Executable
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.db._batch import Outcome
+from synnefo_ganeti.store.db._checked import checked
 from synnefo_ganeti.store.db._locks import job_key, jobs_key, lock_keys
 from synnefo_ganeti.store.db._many import execute_many
 from synnefo_ganeti.store.instances._instances import (
@@ -140,7 +141,7 @@ _NAMED = select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name, 
 )
 _WRITTEN = select(instances_t.c.uuid).where(any_of(instances_t.c.uuid, "b_uuids"))
 _LIVE_NAMED = select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name).where(
-    any_of(instances_t.c.name, "b_names"), instances_t.c.status != _DESTROYED
+    any_of(instances_t.c.name, "b_names"), checked(instances_t.c.status) != _DESTROYED
 )
 _RECORDED = select(instance_jobs_t.c.backend_id, instance_jobs_t.c.job_id).where(
     any_of(instance_jobs_t.c.backend_id, "b_backends"), any_of(instance_jobs_t.c.job_id, "b_jobs")
@@ -166,7 +167,7 @@ _PLACED = (
 )
 _SUBMITTED = (
     update(requests_t)
-    .where(requests_t.c.id == bindparam("b_id"), requests_t.c.status == RequestStatus.PENDING.value)
+    .where(requests_t.c.id == bindparam("b_id"), checked(requests_t.c.status) == RequestStatus.PENDING.value)
     .values(
         status=RequestStatus.SUBMITTED.value,
         job_id=bindparam("b_job"),

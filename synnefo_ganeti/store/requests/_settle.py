@@ -19,6 +19,7 @@ from sqlalchemy import Connection, bindparam, delete, select, update
 
 from synnefo_ganeti.jobs import JobStatus, JobSummary
 from synnefo_ganeti.store.db._any import any_of
+from synnefo_ganeti.store.db._checked import checked
 from synnefo_ganeti.store.db._many import execute_many
 from synnefo_ganeti.store.instances._node_errors import is_node_error, named_node
 from synnefo_ganeti.store.requests._requests import (
@@ -56,7 +57,7 @@ _SUBMITTED = select(
 ).where(
     requests_t.c.backend_id == bindparam("b_backend"),
     any_of(requests_t.c.job_id, "b_jobs"),
-    requests_t.c.status == RequestStatus.SUBMITTED.value,
+    checked(requests_t.c.status) == RequestStatus.SUBMITTED.value,
 )
 
 
@@ -208,13 +209,13 @@ def _cancel_deleted(conn: Connection, row: Any, now: datetime, error: str) -> No
     which made nothing), and its instance DESTROYED."""
     conn.execute(
         update(requests_t)
-        .where(requests_t.c.id == row.id, requests_t.c.status == RequestStatus.SUBMITTED.value)
+        .where(requests_t.c.id == row.id, checked(requests_t.c.status) == RequestStatus.SUBMITTED.value)
         .values(status=RequestStatus.CANCELED.value, error=error, finished_at=now, updated_at=now)
     )
     if row.instance_uuid is not None:
         conn.execute(
             update(instances_t)
-            .where(instances_t.c.uuid == row.instance_uuid, instances_t.c.status != "DESTROYED")
+            .where(instances_t.c.uuid == row.instance_uuid, checked(instances_t.c.status) != "DESTROYED")
             .values(status="DESTROYED", task=None, task_job_id=None, delete_requested_at=None, updated_at=now)
         )
 
@@ -363,7 +364,9 @@ def attempt_error(row: Any, backend: str, error: str | None, now: datetime) -> d
 # (many at once: a burst's job ends arrive together)
 _ENDED = (
     update(requests_t)
-    .where(requests_t.c.id == bindparam("b_id"), requests_t.c.status == RequestStatus.SUBMITTED.value)
+    .where(
+        requests_t.c.id == bindparam("b_id"), checked(requests_t.c.status) == RequestStatus.SUBMITTED.value
+    )
     .values(
         status=bindparam("b_status"),
         error=bindparam("b_error"),
@@ -376,7 +379,9 @@ _ENDED = (
 # a failed create's request: its error and every failed attempt (many at once, as above)
 _FAILED = (
     update(requests_t)
-    .where(requests_t.c.id == bindparam("b_id"), requests_t.c.status == RequestStatus.SUBMITTED.value)
+    .where(
+        requests_t.c.id == bindparam("b_id"), checked(requests_t.c.status) == RequestStatus.SUBMITTED.value
+    )
     .values(
         status=RequestStatus.FAILED.value,
         error=bindparam("b_error"),
@@ -410,7 +415,7 @@ def settle_job(
         .where(
             requests_t.c.backend_id == backend_id,
             requests_t.c.job_id == job_id,
-            requests_t.c.status == RequestStatus.SUBMITTED.value,
+            checked(requests_t.c.status) == RequestStatus.SUBMITTED.value,
         )
         .values(status=status.value, error=error, finished_at=now, updated_at=now)
     )
