@@ -50,8 +50,11 @@ async def test_a_failed_create_of_the_other_dispatcher_is_learned_from_the_store
         assert failed.status is RequestStatus.FAILED and failed.error is not None
         assert "noos.example" not in f1.cluster.instances
         await eventually(lambda: learned_all(other), what="both ends learned by the other")
-        assert other.stats.submitted == 2 and holder.stats.submitted == 0
-        assert other.stats.ends_read == 2  # the success and the failure, each once
+        # the failed create may be sent twice: Ganeti's "OS missing" is the backend's reason, and the
+        # request is placed again while the dispatcher's catalog of f1 still lists the OS (CI, once)
+        sent = other.stats.submitted
+        assert sent in (2, 3) and holder.stats.submitted == 0, (other.stats, holder.stats)
+        assert other.stats.ends_read == sent  # the success and each failure, each once
         assert watcher_of(other).stats.files_read == read_before  # no job file read
 
 
