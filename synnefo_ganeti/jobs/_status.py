@@ -29,6 +29,10 @@ class JobStatus(enum.StrEnum):
 
 
 FINAL_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.CANCELED, JobStatus.SUCCESS, JobStatus.ERROR})
+#: a status, or its value, -> the status (a dict finds both: a StrEnum's member hashes and
+#: compares as its value; an enum's call is ten times slower, and this runs for every op of
+#: every job-file version the watcher reads, several times)
+_BY_VALUE: dict[str, JobStatus] = {status.value: status for status in JobStatus}
 
 
 def calc_job_status(op_statuses: Iterable[JobStatus | str]) -> JobStatus:
@@ -43,7 +47,7 @@ def calc_job_status(op_statuses: Iterable[JobStatus | str]) -> JobStatus:
     seen = False
     for raw in op_statuses:
         seen = True
-        op = JobStatus(raw)
+        op = _BY_VALUE.get(raw) or JobStatus(raw)  # (a member or its value; an unknown raises)
         if op is JobStatus.SUCCESS:
             continue
         all_success = False

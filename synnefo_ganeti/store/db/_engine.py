@@ -32,6 +32,7 @@ from sqlalchemy.pool import StaticPool
 from synnefo_ganeti.errors import StoreError
 from synnefo_ganeti.store.db import _migrate
 from synnefo_ganeti.store.db._batch import Batched, Outcome, grouped
+from synnefo_ganeti.store.db._types import connection_class
 from synnefo_ganeti.store.db._urls import display_url, normalize_url
 
 __all__ = ["NOTIFY_CHANNEL", "Database", "reason", "upgrade_database"]
@@ -122,7 +123,12 @@ class Database:
             max_overflow=5,
             # no ping at each checkout (a round trip per read and per write): a connection the
             # server dropped is found by using it, and the read or write is tried again (above)
-            connect_args={"timeout": self.busy_timeout, "command_timeout": 300},
+            # (connection_class: asyncpg asks about built-in types once per process: ._types)
+            connect_args={
+                "timeout": self.busy_timeout,
+                "command_timeout": 300,
+                "connection_class": connection_class(),
+            },
             **_JSON_OPTIONS,
         )
 
