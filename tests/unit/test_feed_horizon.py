@@ -1,11 +1,14 @@
 """The change feed without the writers' global lock (issue 31 item 1, migration 0015).
 
 Writers take no common lock any more, so change ids can commit out of order. The feed stays
-gap-free for its readers: a read delivers only ids up to the horizon (``store/changes/_horizon.py``).
-Proven here three ways: an id that commits later holds back the ids above it (and one rolled
-back does not); writers in several processes at once, each committing at random moments, and a
-reader whose cursor only moves forward never skips one; and a new request, a name checked and
-all, goes in while another transaction holds the old global lock.
+gap-free for its readers: a read delivers only ids up to the horizon (``store/changes/_horizon.py``),
+below the first id of every writer still running (migration 0021), without waiting for them.
+Proven here: an id that commits later holds back the ids above it, not those below (and one
+rolled back holds back nothing); a writer locks its first id once, and again after a savepoint
+took it back; a writer between its id and that lock is waited for; writers in several processes
+at once, each committing one to three rows at random moments, some after a savepoint rolled back,
+and a reader whose cursor only moves forward never skips one; and a new request, a name checked
+and all, goes in while another transaction holds the old global lock.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 import asyncpg
 
 from synnefo_ganeti.store import Store
+from synnefo_ganeti.store.changes._horizon import FEED_LOCK_KEY
 
 #: the old writers' global lock ("sgwr"), which new requests no longer take
 WRITE_LOCK_KEY = int.from_bytes(b"sgwr", "big")
@@ -34,20 +38,23 @@ def asyncpg_url(url: str) -> str:
 
 async def test_an_id_that_commits_later_holds_back_the_ids_above_it(pg_url: str) -> None:
     async with Store(pg_url) as store:
-        store.feed.patience = 0.05  # the read gives up quickly while the early writer runs
         early = await asyncpg.connect(asyncpg_url(pg_url))
         late = await asyncpg.connect(asyncpg_url(pg_url))
         try:
+            async with late.transaction():
+                zero = await late.fetchval(INSERT, "zero")
             slow = early.transaction()
             await slow.start()
             first = await early.fetchval(INSERT, "first")
             async with late.transaction():
                 second = await late.fetchval(INSERT, "second")
-            assert first < second
-            # the second is committed, yet delivering it now would move a reader past the first
-            assert await store.list_changes(after=0) == []
+            assert zero < first < second
+            # the second is committed, yet delivering it now would move a reader past the first;
+            # what came before the first is delivered at once (migration 0021: no wait for writers)
+            assert [c.key for c in await store.list_changes(after=0)] == ["zero"]
+            assert await store.last_change_id() == first - 1
             await slow.commit()
-            assert [c.key for c in await store.list_changes(after=0)] == ["first", "second"]
+            assert [c.key for c in await store.list_changes(after=0)] == ["zero", "first", "second"]
             assert await store.last_change_id() >= second
 
             # one rolled back leaves a gap that holds nothing back once it is gone
@@ -64,6 +71,61 @@ async def test_an_id_that_commits_later_holds_back_the_ids_above_it(pg_url: str)
             await late.close()
 
 
+async def test_a_writer_locks_its_first_id_once_and_again_after_a_savepoint_took_it_back(
+    pg_url: str,
+) -> None:
+    """The trigger locks a transaction's first change id (the one-``bigint`` advisory lock), and
+    no later one; a savepoint rolled back takes the lock back with its id, and the next change
+    row locks its own."""
+    own_ids = (
+        "SELECT array_agg((classid::bigint << 32) | objid::bigint ORDER BY objid) FROM pg_locks "
+        "WHERE locktype = 'advisory' AND objsubid = 1 AND granted AND pid = pg_backend_pid()"
+    )
+    async with Store(pg_url):
+        pass  # (the schema)
+    conn = await asyncpg.connect(asyncpg_url(pg_url))
+    try:
+        async with conn.transaction():
+            ids = [await conn.fetchval(INSERT, f"row-{n}") for n in range(3)]
+            assert await conn.fetchval(own_ids) == [ids[0]]
+        async with conn.transaction():
+            savepoint = conn.transaction()
+            await savepoint.start()
+            gone = await conn.fetchval(INSERT, "gone")
+            assert await conn.fetchval(own_ids) == [gone]
+            await savepoint.rollback()
+            assert await conn.fetchval(own_ids) is None
+            kept = [await conn.fetchval(INSERT, f"kept-{n}") for n in range(2)]
+            assert await conn.fetchval(own_ids) == [kept[0]]
+        assert await conn.fetchval(own_ids) is None  # (the transaction's end lets it go)
+    finally:
+        await conn.close()
+
+
+async def test_a_writer_between_its_id_and_the_ids_lock_is_waited_for(pg_url: str) -> None:
+    """A transaction that holds the feed writers' lock and no id's lock may hold an id below the
+    sequence's last value (it is inside the trigger, between ``nextval`` and the lock): a read
+    waits for it, and gives [] after ``patience`` (read again later)."""
+    async with Store(pg_url) as store:
+        writer = await asyncpg.connect(asyncpg_url(pg_url))
+        holder = await asyncpg.connect(asyncpg_url(pg_url))
+        try:
+            async with writer.transaction():
+                await writer.fetchval(INSERT, "before")
+            store.feed.patience = 0.05
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute(
+                "SELECT pg_advisory_xact_lock_shared(hashtext(current_database()), $1)", FEED_LOCK_KEY
+            )
+            assert await store.list_changes(after=0) == []
+            await tx.rollback()
+            assert [c.key for c in await store.list_changes(after=0)] == ["before"]
+        finally:
+            await writer.close()
+            await holder.close()
+
+
 WRITER = textwrap.dedent(
     """
     import asyncio, random, sys
@@ -77,8 +139,14 @@ WRITER = textwrap.dedent(
         for n in range(count):
             tx = conn.transaction()
             await tx.start()
-            await conn.fetchval(INSERT, f"{{name}}-{{n}}")
-            await asyncio.sleep(rng.random() * 0.004)  # commit at a random moment after the id
+            if rng.random() < 0.2:  # a first id taken back by a savepoint, its lock with it
+                savepoint = conn.transaction()
+                await savepoint.start()
+                await conn.fetchval(INSERT, f"{{name}}-{{n}}-gone")
+                await savepoint.rollback()
+            for k in range(rng.randint(1, 3)):  # one change row or several
+                await conn.fetchval(INSERT, f"{{name}}-{{n}}-{{k}}")
+                await asyncio.sleep(rng.random() * 0.002)  # commit at a random moment after the id
             if rng.random() < 0.1:
                 await tx.rollback()
             else:
@@ -125,7 +193,7 @@ async def test_writers_in_several_processes_and_a_reader_that_never_skips(
             committed = [row["id"] for row in await conn.fetch("SELECT id FROM changes ORDER BY id")]
         finally:
             await conn.close()
-    assert len(committed) > 450  # 600 written, about 10 % rolled back
+    assert len(committed) > 900  # 600 transactions of 1-3 rows, about 10 % rolled back
     assert seen == committed  # every committed change, once, in id order: none skipped
 
 

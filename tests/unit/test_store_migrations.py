@@ -435,3 +435,57 @@ async def _feed_functions_both_ways(engine: AsyncEngine, text: Any) -> None:
                 await other.execute(text("SELECT last_id, writers FROM synnefo_ganeti_feed_horizon()"))
             ).one()
             assert (row.last_id, list(row.writers)) == (new, [])
+
+
+async def test_0021_locks_each_writers_first_id_and_reads_the_horizon_from_them_both_ways(
+    pg_url: str,
+) -> None:
+    """0021's trigger locks a transaction's first change id, and ``synnefo_ganeti_feed_safe_id()``
+    reads the horizon below it; its downgrade takes both back (0015's horizon, which stays, works
+    throughout). PostgreSQL only."""
+    from sqlalchemy import text
+
+    def functions(connection: Connection) -> tuple[bool, bool]:
+        body = connection.execute(
+            text("SELECT prosrc FROM pg_proc WHERE proname = 'synnefo_ganeti_change_id'")
+        ).scalar_one()
+        safe = connection.execute(
+            text("SELECT count(*) FROM pg_proc WHERE proname = 'synnefo_ganeti_feed_safe_id'")
+        ).scalar_one()
+        return "first_change" in str(body), bool(safe)
+
+    def write_two(connection: Connection) -> tuple[list[int], list[int], tuple[int, int]]:
+        insert = text(
+            "INSERT INTO changes (kind, key, status, at) VALUES ('request', 'r', 'pending', 0) RETURNING id"
+        )
+        ids = [int(connection.execute(insert).scalar_one()) for _ in range(2)]
+        locked = connection.execute(
+            text(
+                "SELECT coalesce(array_agg((classid::bigint << 32) | objid::bigint), '{}') FROM pg_locks "
+                "WHERE locktype = 'advisory' AND objsubid = 1 AND pid = pg_backend_pid()"
+            )
+        ).scalar_one()
+        old = connection.execute(text("SELECT last_id, writers FROM synnefo_ganeti_feed_horizon()")).one()
+        return ids, list(locked), (int(old.last_id), len(old.writers))
+
+    engine = create_async_engine(normalize_url(pg_url))
+    try:
+        await upgrade(engine)
+        for step in (None, "downgrade", "upgrade"):
+            if step is not None:
+                await _run(engine, _command, step, "0020" if step == "downgrade" else "head")
+            upgraded = step != "downgrade"
+            assert await _run(engine, functions) == (upgraded, upgraded)
+            ids, locked, old = await _run(engine, write_two)
+            assert locked == (ids[:1] if upgraded else [])  # the first id, once
+            assert old == (ids[1], 1)  # 0015's horizon: this transaction a writer, its ids the last
+            if upgraded:
+                async with engine.connect() as other:  # another session: no writer now
+                    row = (
+                        await other.execute(
+                            text("SELECT safe_id, waiting FROM synnefo_ganeti_feed_safe_id()")
+                        )
+                    ).one()
+                    assert (row.safe_id, list(row.waiting)) == (ids[1], [])
+    finally:
+        await engine.dispose()

@@ -177,8 +177,7 @@ class Changes:
     async def list_changes(self, *, after: int = 0, limit: int | None = 1000) -> list[Change]:
         """The changes with an id above ``after``, in id order, at most ``limit``: every change
         committed before the call, none that a later commit could come below (PostgreSQL: up to
-        the horizon; it waits for the writers in progress at the call, at most ``patience``
-        seconds, and gives [] after that: read again later)."""
+        the horizon, below the first id of every writer still running; see ._horizon)."""
 
         async def run(conn: AsyncConnection) -> list[Change]:
             query = select(changes_t).where(changes_t.c.id > after).order_by(changes_t.c.id)
@@ -195,12 +194,13 @@ class Changes:
         return await self.db.read(run)
 
     async def last_id(self) -> int:
-        """The id of the newest change (0 when there is none)."""
+        """The id of the newest change (0 when there is none). PostgreSQL: the horizon (see
+        ._horizon): every change committed after the call has a higher id; while a writer that
+        began earlier still runs, so may some committed before it (a follower starting there
+        sees them: at least once, never skipped)."""
 
         async def run(conn: AsyncConnection) -> int:
             if self.db.dialect == "postgresql":
-                # the horizon: a change committed after this call has a higher id (see ._horizon);
-                # no lower answer is safe, so it waits for the writers as long as they run
                 while True:
                     upto = await horizon(conn, patience=self.patience)
                     if upto is not None:
