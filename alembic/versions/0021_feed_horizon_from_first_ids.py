@@ -30,6 +30,11 @@ From 0021 each writer says where its ids begin, so a reader need not wait for it
 
 0015's horizon function stays: a dispatcher of the previous version still reads it, and it is
 still right (the feed lock is taken as before).
+
+The first id's lock is in the one-``bigint`` advisory key space of the store's database, which
+no other lock of the store uses (they are all the two-integer form). Software that took an
+exclusive one-``bigint`` advisory lock in the same database would make the writer of that change
+id wait for it: the store's database is its own.
 """
 
 from __future__ import annotations
