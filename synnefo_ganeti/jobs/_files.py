@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from synnefo_ganeti.errors import JobFileError
-from synnefo_ganeti.jobs._status import JobStatus, calc_job_status
+from synnefo_ganeti.jobs._status import STATUS_BY_VALUE, JobStatus, calc_job_status
 
 if TYPE_CHECKING:
     from synnefo_ganeti.jobs._summary import JobSummary
@@ -96,10 +96,6 @@ class JobFile:
         return max((op.last_serial for op in self.ops), default=0)
 
 
-#: a status's value -> the status (an enum's call is slow: once an op a version)
-_STATUSES: dict[str, JobStatus] = {status.value: status for status in JobStatus}
-
-
 class _NotATime(Exception):
     pass
 
@@ -158,7 +154,7 @@ def _op(index: int, raw: Any) -> OpState:
     op_input = raw.get("input")
     if not isinstance(op_input, dict) or not isinstance(op_input.get("OP_ID"), str):
         raise JobFileError(f"op {index} has no input with an OP_ID")
-    status = _STATUSES.get(str(raw.get("status")))
+    status = STATUS_BY_VALUE.get(str(raw.get("status")))  # (not the enum's call: slow)
     if status is None:
         raise JobFileError(f"op {index} has status {raw.get('status')!r}, not one of Ganeti's")
     log_raw = raw.get("log") or []

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-__all__ = ["FINAL_STATUSES", "JobStatus", "calc_job_status"]
+__all__ = ["FINAL_STATUSES", "STATUS_BY_VALUE", "JobStatus", "calc_job_status"]
 
 
 class JobStatus(enum.StrEnum):
@@ -32,7 +32,7 @@ FINAL_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.CANCELED, JobStatus.
 #: a status, or its value, -> the status (a dict finds both: a StrEnum's member hashes and
 #: compares as its value; an enum's call is ten times slower, and this runs for every op of
 #: every job-file version the watcher reads, several times)
-_BY_VALUE: dict[str, JobStatus] = {status.value: status for status in JobStatus}
+STATUS_BY_VALUE: dict[str, JobStatus] = {status.value: status for status in JobStatus}
 
 
 def calc_job_status(op_statuses: Iterable[JobStatus | str]) -> JobStatus:
@@ -47,7 +47,7 @@ def calc_job_status(op_statuses: Iterable[JobStatus | str]) -> JobStatus:
     seen = False
     for raw in op_statuses:
         seen = True
-        op = _BY_VALUE.get(raw) or JobStatus(raw)  # (a member or its value; an unknown raises)
+        op = STATUS_BY_VALUE.get(raw) or JobStatus(raw)  # (a member or its value; an unknown raises)
         if op is JobStatus.SUCCESS:
             continue
         all_success = False

@@ -18,13 +18,10 @@ import pytest
 from synnefo_ganeti.store import Store
 from synnefo_ganeti.store.db import _types
 from synnefo_ganeti.store.db._types import SharedTypesConnection, connection_class, type_cache_stats
+from tests.unit.test_keyed_locks import asyncpg_url
 
 ARRAYS = "SELECT $1::BIGINT[] AS ids, $2::TIMESTAMPTZ[] AS times, ARRAY['a', 'b']::VARCHAR[] AS names"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-
-
-def asyncpg_url(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://")
 
 
 @pytest.fixture

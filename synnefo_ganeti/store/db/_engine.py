@@ -117,18 +117,14 @@ class Database:
             self._sqlite_events(engine.sync_engine)
             event.listen(engine.sync_engine, "connect", self._opened)
             return engine
+        types = connection_class()  # asyncpg asks about built-in types once per process (._types)
         return create_async_engine(
             self.url,
             pool_size=5,
             max_overflow=5,
             # no ping at each checkout (a round trip per read and per write): a connection the
             # server dropped is found by using it, and the read or write is tried again (above)
-            # (connection_class: asyncpg asks about built-in types once per process: ._types)
-            connect_args={
-                "timeout": self.busy_timeout,
-                "command_timeout": 300,
-                "connection_class": connection_class(),
-            },
+            connect_args={"timeout": self.busy_timeout, "command_timeout": 300, "connection_class": types},
             **_JSON_OPTIONS,
         )
 
