@@ -9,7 +9,9 @@ read the same nodes; "now" is hspace with ``--no-capacity-checks``, "keeping N+1
 fake hypervisor reports it free, and keeping N+1 the new instances move off node1 before it.
 
 The fake hypervisor reports the machine's free memory for every node (~23 GB of 24 on this one),
-so the flavors are chosen far from a boundary: the free memory moves by ~100 MB between two reads.
+so the flavors are chosen far from a boundary: the free memory moves by ~100 MB between two reads
+on a quiet machine. Beside CI's other tests it moves by gigabytes: a comparison that differs is
+made again, up to three times (:func:`agrees`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from tests.integration.test_control_real import remove_everywhere, run, settings
 
 pytestmark = [pytest.mark.ganeti3, pytest.mark.timeout(600)]
 
+#: how many times :func:`agrees` compares before it gives up (see there)
+TRIES = 3
 #: (disk, memory, vcpus) as hspace's --standard-alloc takes them
 SPECS = [(1024, 4096, 1), (1024, 8192, 1), (1024, 20000, 1), (10240, 4096, 2), (1024, 128, 1)]
 
@@ -57,10 +61,25 @@ async def compare(cp: ControlPlane, template: str = "diskless") -> list[str]:
     return differ
 
 
+async def agrees(cp: ControlPlane, template: str = "diskless") -> list[str]:
+    """:func:`compare` until ours and hspace's counts agree, at most :data:`TRIES` times; the lines
+    that still differ. hspace and RAPI read the fake hypervisor's free memory (the machine's
+    ``MemFree + Buffers + Cached``) at different moments, and beside CI's other tests (PostgreSQL,
+    Chromium, pytest workers) it moves by gigabytes, across a flavor's boundary now and then: a
+    count of ours that is wrong differs on every try."""
+    differ: list[str] = []
+    for attempt in range(1, TRIES + 1):
+        differ = await compare(cp, template)
+        if not differ:
+            return []
+        print(f"try {attempt} of {TRIES}: {len(differ)} count(s) differ (the free memory moved?)")
+    return differ
+
+
 async def test_capacity_is_hspaces(testbed3, tmp_path) -> None:
     bed = testbed3.bed
     async with ControlPlane(settings(bed, f"sqlite:///{tmp_path}/db.sqlite")) as cp:
-        assert await compare(cp) == []
+        assert await agrees(cp) == []
         # an instance of ours: it holds memory on node1 and must be able to move keeping N+1
         instance = name("cap")
         async with client(bed) as rapi:
@@ -70,8 +89,8 @@ async def test_capacity_is_hspaces(testbed3, tmp_path) -> None:
                 (answer,) = await cp.capacity([Flavor(4096, 1, 1024)], backends=[BACKEND])
                 hosted = [n for n in answer.flavors[0].per_node if n == testbed3.nodes[0]]
                 assert hosted, answer
-                assert await compare(cp) == []
+                assert await agrees(cp) == []
                 # new file instances are re-created by size, after the diskless one moved
-                assert await compare(cp, "file") == []
+                assert await agrees(cp, "file") == []
             finally:
                 await remove_everywhere(rapi, [instance])

@@ -364,3 +364,86 @@ def test_ci_brings_up_the_31_testbed_unless_told_not_to() -> None:
         ["bash", "-n", str(SCRIPTS.parent / ".ci" / "run")], capture_output=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+#: a tox env's log as ``.ci/run`` reads it: pytest's output with one failure and one error
+_PYTEST_OUTPUT = """\
+........F.E.                                                             [100%]
+==================================== ERRORS ====================================
+________________ ERROR at setup of test_needs_a_database[postgresql] ____________
+[gw0] linux -- Python 3.11.7 /x/bin/python
+
+    @pytest.fixture
+    def db_url():
+>       raise OSError("connection refused")
+E       OSError: connection refused
+
+tests/conftest.py:12: OSError
+=================================== FAILURES ===================================
+___ test_a_broker_away_loses_nothing[postgresql] ___
+[gw1] linux -- Python 3.12.1 /x/bin/python
+
+>   await eventually(lambda: last in got.ids(), what="every change")
+
+tests/unit/test_amqp_feed.py:265:
+_ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _
+>               raise AssertionError(f"gave up after {timeout:g} s")
+E               AssertionError: gave up after 30 s waiting for every change
+E               assert False
+
+tests/helpers.py:67: AssertionError
+------------------------------ Captured log call -------------------------------
+E  not an E line of the exception: a log line inside the failure is kept only up to E_LINES
+=========================== short test summary info ============================
+FAILED tests/unit/test_amqp_feed.py::test_a_broker_away_loses_nothing[postgresql]
+=================== 1 failed, 9 passed, 1 error in 12.00s ======================
+"""
+
+
+def _ci_failures() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ci_failures", SCRIPTS / "ci-failures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclass looks its module up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ci_failures_says_each_failed_test_its_exception_and_where(tmp_path: Path) -> None:
+    log = tmp_path / ".tox" / "py312-fast" / "log" / "3-commands[0].log"
+    log.parent.mkdir(parents=True)
+    log.write_text(_PYTEST_OUTPUT)
+    quiet = tmp_path / ".tox" / "lint" / "log" / "1-commands[0].log"
+    quiet.parent.mkdir(parents=True)
+    quiet.write_text("All checks passed!\n")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "ci-failures.py"), str(quiet), str(log)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines() == [
+        "=== the 2 failure(s) of this run, in short (their whole output is above)",
+        "--- py312-fast: ERROR at setup of test_needs_a_database[postgresql] (tests/conftest.py:12)",
+        "    OSError: connection refused",
+        "--- py312-fast: test_a_broker_away_loses_nothing[postgresql] "
+        "(tests/unit/test_amqp_feed.py:265, raised at tests/helpers.py:67)",
+        "    AssertionError: gave up after 30 s waiting for every change",
+        "    assert False",
+        "    not an E line of the exception: a log line inside the failure is kept only up to E_LINES",
+    ]
+
+
+def test_ci_failures_prints_nothing_for_a_run_without_failures(tmp_path: Path) -> None:
+    log = tmp_path / "py" / "log" / "2-commands[0].log"
+    log.parent.mkdir(parents=True)
+    log.write_text("....\n===== 4 passed in 1.00s =====\n")
+    missing = tmp_path / "gone.log"
+    module = _ci_failures()
+    assert module.failures(log.read_text(), "py") == []
+    assert module.main([str(log)]) == 0
+    assert module.main([str(missing)]) == 0  # (says it cannot read it, fails nothing)
+
+
+def test_ci_ends_a_failed_run_with_its_failures_in_short() -> None:
+    ci = (SCRIPTS.parent / ".ci" / "run").read_text()
+    assert "python3 scripts/ci-failures.py .tox/*/log/*commands*.log" in ci
+    assert ci.index("scripts/ci-failures.py") > ci.index("tox p -p 2")

@@ -194,18 +194,19 @@ class Changes:
         return await self.db.read(run)
 
     async def last_id(self) -> int:
-        """The id of the newest change (0 when there is none). PostgreSQL: the horizon (see
-        ._horizon): every change committed after the call has a higher id; while a writer that
-        began earlier still runs, so may some committed before it (a follower starting there
+        """The id of the newest change (0 when there is none). PostgreSQL: of the newest change
+        up to the horizon (see ._horizon), always a change's own id (the horizon itself may be an
+        id no change has): every change committed after the call has a higher id; while a writer
+        that began earlier still runs, so may some committed before it (a follower starting there
         sees them: at least once, never skipped)."""
 
         async def run(conn: AsyncConnection) -> int:
+            query = select(func.max(changes_t.c.id))
             if self.db.dialect == "postgresql":
-                while True:
-                    upto = await horizon(conn, patience=self.patience)
-                    if upto is not None:
-                        return upto
-            return int((await conn.execute(select(func.max(changes_t.c.id)))).scalar() or 0)
+                while (upto := await horizon(conn, patience=self.patience)) is None:
+                    pass
+                query = query.where(changes_t.c.id <= upto)
+            return int((await conn.execute(query)).scalar() or 0)
 
         return await self.db.read(run)
 
