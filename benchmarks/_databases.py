@@ -24,6 +24,12 @@ async def _pg_admin(statement: str) -> None:
         await conn.close()
 
 
+def _with_database(url: str, name: str) -> str:
+    """``url`` naming database ``name`` instead (its query, a Unix socket's ``host=``, kept)."""
+    base, sep, query = url.partition("?")
+    return base.rsplit("/", 1)[0] + f"/{name}" + sep + query
+
+
 @asynccontextmanager
 async def database(db: str, folder: str) -> AsyncIterator[str]:
     """A fresh database: SQLite in ``folder``, a scratch PostgreSQL one (dropped after), or ``db`` itself."""
@@ -43,7 +49,7 @@ async def database(db: str, folder: str) -> AsyncIterator[str]:
             await _pg_admin(f'ALTER DATABASE "{name}" SET log_statement_stats = on')
     keep = bool(os.environ.get("SYNNEFO_GANETI_BENCH_KEEP_DB"))
     try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+        yield _with_database(PG_ADMIN_URL, name)
     finally:
         if keep:  # for reading a run's rows after it (drop it yourself)
             print(f"[benchmark] database {name} kept (SYNNEFO_GANETI_BENCH_KEEP_DB)", file=sys.stderr)
