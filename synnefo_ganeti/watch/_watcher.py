@@ -38,24 +38,15 @@ from typing import Protocol
 from asyncinotify import Inotify, Mask, Watch
 
 from synnefo_ganeti import metrics
-from synnefo_ganeti.jobs import JobFileError, parse_job_file
 from synnefo_ganeti.jobs._files import MAX_JOB_FILE_BYTES
 from synnefo_ganeti.store import JobVersion, Store
-from synnefo_ganeti.watch._support import (
-    WatchStats,
-    check_inotify_limits,
-    file_identity,
-    os_reason,
-    read_job_file,
-)
+from synnefo_ganeti.watch._reading import JOB_NAME, JobFileReader
+from synnefo_ganeti.watch._support import WatchStats, check_inotify_limits, os_reason
 
 __all__ = ["QueueWatcher", "VersionSink", "WatchStats", "check_inotify_limits"]
 
 log = logging.getLogger("synnefo_ganeti.watch")
 
-# ASCII digits to the very end: "$" also matches before a final newline, and \d matches other
-# scripts' digits (int() reads them), so "job-7\n" and "job-\u0667" were read as job 7.
-JOB_NAME = re.compile(r"^job-([0-9]+)\Z")
 ARCHIVE_FOLDER = re.compile(r"^[0-9]+\Z")
 _NOTHING: frozenset[int] = frozenset()
 #: struct inotify_event: wd, mask, cookie, len, then len bytes of NUL-padded name
@@ -133,14 +124,11 @@ class QueueWatcher:
         self._readable: asyncio.Event | None = None  # the inotify reader's wake (pause() sets it)
         self._has_pending = asyncio.Event()
         self._stopping = asyncio.Event()
-        # path -> what was wrong with it the last time, and which file that was
-        self._bad: dict[str, tuple[str, tuple[int, ...] | None]] = {}
         self._inotify: Inotify | None = None
         self._watches: dict[str, Watch] = {}
         self._by_wd: dict[int, Watch] = {}
         self._root_watch: Watch | None = None
-        self._m_versions = metrics.WATCH_VERSIONS.labels(backend)
-        self._m_bad = metrics.WATCH_BAD_FILES.labels(backend)
+        self._files = JobFileReader(backend, self.stats)  # (reads, bad files, their counts)
 
     def __repr__(self) -> str:
         return f"<QueueWatcher {self.backend} {self.queue_dir}>"
@@ -437,7 +425,13 @@ class QueueWatcher:
             if self._pending:
                 self._has_pending.set()
             for count, (path, archived) in enumerate(paths, 1):
-                version = self._read(path, archived, _NOTHING if skip_final is None else skip_final)
+                version = self._files.read(
+                    path,
+                    archived,
+                    _NOTHING if skip_final is None else skip_final,
+                    max_bytes=self.max_file_bytes,
+                    ends_only=self.ends_only,
+                )
                 if version is not None:
                     await self.store.put(version)
                 if count % _READS_PER_TURN == 0:
@@ -460,49 +454,3 @@ class QueueWatcher:
         except Exception as exc:  # the store retries its writes; a scan may read everything
             log.warning("cannot ask the store which archived jobs it has (%s); reading them all", exc)
             return set()
-
-    def _read(self, path: str, archived: bool, skip_final: set[int] | frozenset[int]) -> JobVersion | None:
-        name = os.path.basename(path)
-        match = JOB_NAME.match(name)
-        if match is None:
-            return None
-        job_id = int(match.group(1))
-        if archived and job_id in skip_final:
-            return None
-        try:
-            data = read_job_file(path, self.max_file_bytes)
-        except FileNotFoundError:
-            # Archived (or removed) since it was marked: its new name brings its own event.
-            self.stats.vanished += 1
-            return None
-        except (OSError, JobFileError) as exc:
-            self._bad_file(path, exc)
-            return None
-        self.stats.files_read += 1
-        try:
-            job = parse_job_file(data)
-            if job.job_id != job_id:
-                raise JobFileError(f"it holds job {job.job_id}, not {job_id}")
-        except JobFileError as exc:
-            self._bad_file(path, exc)
-            return None
-        if self._bad.pop(path, None) is not None:
-            log.info("job file %s is readable again", path)
-        if not job.status.is_final and self.ends_only is not None and self.ends_only(job_id):
-            self.stats.not_ended += 1
-            return None
-        self.stats.versions += 1
-        self._m_versions.inc()
-        return JobVersion(self.backend, job, archived)
-
-    def _bad_file(self, path: str, exc: BaseException) -> None:
-        reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
-        # A rescan reads the same bad file again: not counted again. A new bad version (Ganeti
-        # renames a new file into place) is counted and logged, even with the same reason.
-        bad = (reason, file_identity(path))
-        if self._bad.get(path) == bad:
-            return
-        self._bad[path] = bad
-        self.stats.bad_files += 1
-        self._m_bad.inc()
-        log.warning("skipping job file %s: %s (read again on its next change)", path, reason)
