@@ -42,9 +42,8 @@ log = logging.getLogger("synnefo_ganeti.store")
 T = TypeVar("T")
 
 NOTIFY_CHANNEL = "synnefo_ganeti_events"
-# pg_advisory_xact_lock key of the writers: "sg-write" as an int64
-# (the database's own name hashed, "sgwr"): advisory locks are the whole server's, so the
-# database's name keeps stores of different databases on one server out of each other's way
+# the writers' advisory lock: "sgwr" after the database's own name hashed (advisory locks are the
+# whole server's: the name keeps stores of different databases on one server out of each other's way)
 _WRITE_LOCK_KEY = int.from_bytes(b"sgwr", "big")
 _WRITE_LOCK = text("SELECT pg_advisory_xact_lock(hashtext(current_database()), :key)")
 _WRITE_LOCK_SHARED = text("SELECT pg_advisory_xact_lock_shared(hashtext(current_database()), :key)")
