@@ -66,7 +66,11 @@ def test_await_units_waits_for_the_file_then_says_its_status(tmp_path: Path) -> 
         assert waiter.stdout is not None
         assert "waiting for the py env's tests" in waiter.stdout.readline()
         assert waiter.poll() is None  # it said it waits, and it does: the file is not there yet
-        marker.write_text("1\n")
+        # as run-suite.py writes it: whole, then renamed into place (a file written in place can
+        # be seen before its content: "exit " with nothing after, seen in a CI rehearsal)
+        part = tmp_path / "units-done.part"
+        part.write_text("1\n")
+        os.replace(part, marker)
         out, _ = waiter.communicate(timeout=60)
     finally:
         waiter.kill()
