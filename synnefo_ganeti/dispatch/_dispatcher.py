@@ -133,6 +133,7 @@ class Dispatcher(Submitter):
 
     def wake(self) -> None:
         """Look for new requests now (a request written in this process)."""
+        self._count_pending_again()
         self._wake.set()
 
     async def run(self, *, stop: asyncio.Event | None = None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -46,10 +47,23 @@ log = logging.getLogger("synnefo_ganeti.dispatch")
 OUTAGE_BACKOFF = (0.5, 10.0)
 #: a request that could not be placed (no room, backend refused): first and longest wait
 PLACEMENT_BACKOFF = (0.5, 10.0)
-#: seconds a count of the pending requests stands for the next claims (less what this one claims
-#: meanwhile): the claim loop runs each time a request's work ends, hundreds of times a second in
-#: a burst, and a count each time read every pending request of the burst (issue 31)
+#: seconds a count of the pending requests stands for the next claims: the claim loop runs each
+#: time a request's work ends, hundreds of times a second in a burst, and a count each time read
+#: every pending request of the burst (issue 31)
 PENDING_COUNT_TTL = 0.5
+#: ... but when the count leaves this dispatcher nothing to claim (none were pending, or it took
+#: its share since), it counts again after this many seconds: requests may have come, or the
+#: others may not have taken theirs. :meth:`Dispatcher.wake` (a request written here) forgets it.
+PENDING_RECOUNT = 0.1
+
+
+@dataclasses.dataclass(slots=True)
+class _PendingCount:
+    """A count of the pending requests: when it was read, how many, how many this one took since."""
+
+    at: float
+    pending: int
+    taken: int = 0
 
 
 class _NoRoom(str):
@@ -123,30 +137,41 @@ class Submitter(JobEnds):
     async def _claim_limit(self, room: int) -> int:
         """How many requests to claim now: ``room`` and ``claim_batch`` at most and, while other
         dispatchers claim on the database, this one's fair share of the pending requests
-        (``ceil(pending / claiming dispatchers)``, the ones it holds included) less what it holds:
-        a burst is split evenly, whoever looks first (the live dispatchers: ``_leases``)."""
+        (``ceil(pending / claiming dispatchers)``, the live ones: ``_leases``) less what it took
+        since they were counted or holds now, whichever is more: a burst is split evenly, and a
+        dispatcher whose requests end fast does not take the others' share before they look."""
         limit = min(room, self.settings.dispatcher.claim_batch)
         claimers = 1 if self.leases is None else self.leases.claimers()
         if limit <= 0 or claimers <= 1:
             return max(0, limit)
         now = time.monotonic()
-        if self._pending_counted is None or now - self._pending_counted[0] >= PENDING_COUNT_TTL:
+        count = self._pending_count
+        if (
+            count is None
+            or now - count.at >= PENDING_COUNT_TTL
+            or (now - count.at >= PENDING_RECOUNT and self._share_left(count, claimers) <= 0)
+        ):
             try:
                 counts = await self.store.request_counts(status=[RequestStatus.PENDING])
             except GanetiError as exc:
                 log.info("pending requests not counted (%s); claiming up to %d", exc, limit)
                 return limit
-            self._pending_counted = (now, sum(counts.values()))
-        share = -(-self._pending_counted[1] // claimers)
-        return max(0, min(limit, share - len(self._inflight)))
+            count = self._pending_count = _PendingCount(now, sum(counts.values()))
+        return max(0, min(limit, self._share_left(count, claimers)))
 
-    #: (when, how many) the last count of the pending requests said, less those claimed here since
-    _pending_counted: tuple[float, int] | None = None
+    #: the last count of the pending requests (``None``: count before the next claim)
+    _pending_count: _PendingCount | None = None
 
-    def _claimed(self, count: int) -> None:
-        if self._pending_counted is not None and count:
-            at, pending = self._pending_counted
-            self._pending_counted = (at, max(0, pending - count))
+    def _share_left(self, count: _PendingCount, claimers: int) -> int:
+        return -(-count.pending // claimers) - max(count.taken, len(self._inflight))
+
+    def _claimed(self, taken: int) -> None:
+        if self._pending_count is not None:
+            self._pending_count.taken += taken
+
+    def _count_pending_again(self) -> None:
+        """Requests may have come (written in this process): count them before the next claim."""
+        self._pending_count = None
 
     def _spawn(self, request: Request) -> None:
         task = asyncio.create_task(self._process(request), name=f"request {request.id}")

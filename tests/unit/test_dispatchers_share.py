@@ -214,6 +214,38 @@ async def test_two_dispatchers_each_submit_a_fair_share_of_a_burst(pg_url: str) 
             print(f"submitted: {shares}")
 
 
+async def test_a_small_burst_after_both_counted_none_is_shared(pg_url: str) -> None:
+    """Both dispatchers counted no pending request a moment before four came, and requests end
+    fast on the fake: woken for them, each counts again and takes its share, and the one whose
+    first two ended at once does not take the other's two before it looks (the real 3.1 cluster
+    showed it: test_dispatcher_real.py's two dispatchers)."""
+    async with fakes(1) as (f1,):
+        settings = options(pg_url, f1)
+        async with Store(pg_url) as store, ControlPlane(settings, store=store) as cp:
+            d1 = Dispatcher(settings, dispatcher_id="one", status_server=False)
+            d2 = Dispatcher(settings, dispatcher_id="two", status_server=False)
+            async with running(d1), running(d2):
+
+                def counted_none() -> bool:
+                    return all(
+                        d.leases is not None
+                        and d.leases.claimers() == 2
+                        and d._pending_count is not None
+                        and d._pending_count.pending == 0
+                        for d in (d1, d2)
+                    )
+
+                await eventually(counted_none, what="both dispatchers claiming, and none pending")
+                ids = [await cp.request_instance(spec(f"s{i}.example", memory=128)) for i in range(4)]
+                for d in (d1, d2):
+                    d.wake()
+                done = await asyncio.gather(*(finished(cp, rid, timeout=60) for rid in ids))
+            assert [r.status for r in done] == [RequestStatus.SUCCEEDED] * 4, [r.error for r in done]
+            shares = {d.id: d.stats.submitted for d in (d1, d2)}
+            assert sum(shares.values()) == 4 and min(shares.values()) > 0, shares
+            assert creates(f1) == 4  # 0 sent twice
+
+
 async def test_the_report_says_which_backends_a_dispatcher_follows(pg_url: str) -> None:
     async with fakes(2) as (f1, f2):
         settings = options(pg_url, f1, f2)
