@@ -32,8 +32,9 @@ from synnefo_ganeti.jobs import JobFile, JobStatus, JobSummary
 from synnefo_ganeti.store._pinned import PinnedRead, pinned_read
 from synnefo_ganeti.store.backends._backends import Backends, NodeRow
 from synnefo_ganeti.store.changes._changes import Change, Changes
+from synnefo_ganeti.store.db._commits import CommitInfo, WriterStats
 from synnefo_ganeti.store.db._engine import Database, upgrade_database
-from synnefo_ganeti.store.db._writer import CommitInfo, Writer, WriterStats
+from synnefo_ganeti.store.db._writer import Writer
 from synnefo_ganeti.store.instances import _recorded
 from synnefo_ganeti.store.instances._apply import apply_final_jobs
 from synnefo_ganeti.store.instances._instances import InstanceAction, InstanceStatus, StoredInstance
@@ -172,12 +173,13 @@ class Store(RequestMethods):
     def pending(self) -> int:
         return self._writer.pending
 
-    async def call(self, fn: Callable[[Connection], T], *, exclusive: bool = True) -> T:
+    async def call(self, fn: Callable[[Connection], T], *, exclusive: bool = True, shared: bool = False) -> T:
         """Run ``fn(connection)`` in a write transaction of the writer task; its result.
 
         ``exclusive=False`` (PostgreSQL): without the writers' advisory lock, for
-        transactions that serialise on row locks of their own (request claims)."""
-        return await self._writer.call(fn, exclusive=exclusive)
+        transactions that serialise on row locks of their own (request claims); ``shared=True``:
+        the writers' lock shared, for writes that lock what they read (``store/db/_locks.py``)."""
+        return await self._writer.call(fn, exclusive=exclusive, shared=shared)
 
     async def call_read(self, fn: Callable[[Connection], T]) -> T:
         """Run a synchronous read ``fn(connection)`` on a connection of the async engine."""

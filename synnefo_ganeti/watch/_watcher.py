@@ -7,9 +7,10 @@ it to ``archive/<id // 10000>/job-<id>``. The watcher:
 * watches the queue directory, ``archive/`` and every ``archive/<n>/`` for
   ``MOVED_TO`` and ``CLOSE_WRITE`` (and ``CREATE`` of archive folders), and acts only on
   names that are exactly ``job-`` and ASCII digits (not ``job-7.tmp``, ``job-7\\n``);
-* marks such a path pending; a reader task reads pending paths and hands each version
-  to the store. A path marked again before it is read is read once: Ganeti replaced
-  that version already, the latest wins;
+* marks such a path pending; a reader task, woken, waits ``read_linger`` (3 ms) and reads
+  the pending paths, handing each version to the store. A path marked again before it is
+  read is read once: Ganeti replaced that version already, the latest wins (the versions a
+  job's file gets in one moment, as at its submit, are read as one);
 * scans everything at start (watches first, then the scan, so nothing slips between),
   and again after an inotify queue overflow or when its watch is lost (the directory
   removed, moved or recreated); archived jobs the store already holds as final are
@@ -43,7 +44,7 @@ from synnefo_ganeti.store import JobVersion, Store
 from synnefo_ganeti.watch._reading import JOB_NAME, JobFileReader
 from synnefo_ganeti.watch._support import WatchStats, check_inotify_limits, os_reason
 
-__all__ = ["QueueWatcher", "VersionSink", "WatchStats", "check_inotify_limits"]
+__all__ = ["READ_LINGER", "QueueWatcher", "VersionSink", "WatchStats", "check_inotify_limits"]
 
 log = logging.getLogger("synnefo_ganeti.watch")
 
@@ -57,6 +58,11 @@ _IGNORED = int(Mask.IGNORED)
 _OVERFLOW = int(Mask.Q_OVERFLOW)
 #: yield to the event loop after this many versions read in a row
 _READS_PER_TURN = 32
+#: seconds the reader waits after a wake before it reads what is marked: the versions of a job
+#: written in the same moment (Ganeti's luxid writes a new job's file three times) are read
+#: once, the last; 15 % fewer versions read and stored in a burst of creates (issue 31)
+READ_LINGER = 0.003
+_linger = asyncio.sleep  # (tests hold the linger open)
 
 _FILE_EVENTS = Mask.MOVED_TO | Mask.CLOSE_WRITE
 
@@ -97,6 +103,7 @@ class QueueWatcher:
         retry_interval: float = 2.0,
         max_file_bytes: int = MAX_JOB_FILE_BYTES,
         read_batch: int = 512,
+        read_linger: float = READ_LINGER,
         wants: Callable[[int], bool] | None = None,
         ends_only: Callable[[int], bool] | None = None,
         archive: bool = True,
@@ -116,6 +123,8 @@ class QueueWatcher:
         self.retry_interval = retry_interval
         self.max_file_bytes = max_file_bytes
         self.read_batch = read_batch
+        #: seconds the reader waits once woken, so that the versions written together are read once
+        self.read_linger = read_linger
         self.stats = WatchStats()
         self.ready = asyncio.Event()
         self._pending: dict[str, bool] = {}  # path -> archived?, in the order marked
@@ -406,6 +415,10 @@ class QueueWatcher:
             if self._stopping.is_set() and not self._pending:
                 return
             await self._has_pending.wait()
+            if self.read_linger > 0 and not self._stopping.is_set():
+                # Ganeti writes a job's file several times at once (luxid: at submit, three):
+                # a moment's wait reads the last of them alone
+                await _linger(self.read_linger)
             self._has_pending.clear()
             if not self._pending:
                 if self._stopping.is_set():

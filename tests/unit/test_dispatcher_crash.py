@@ -18,7 +18,7 @@ from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.reconcile._observe import expectation
 from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, Store, request_tag
-from synnefo_ganeti.store.requests import _requests
+from synnefo_ganeti.store.requests import _claims, _requests
 from synnefo_ganeti.store.requests._requests import new_request_id
 from synnefo_ganeti.testing import FakeGaneti
 from tests.helpers import eventually, spec
@@ -158,7 +158,7 @@ async def test_a_live_dispatcher_takes_over_the_requests_of_a_dead_one(pg_url: s
                     spec=spec(name).model_dump(mode="json"),
                     want_backend=None,
                 )
-                (claimed,) = _requests.claim(conn, DEAD, 1, skip_locked=True)
+                (claimed,) = _claims.claim(conn, DEAD, 1, skip_locked=True)
                 return claimed
 
             request = await store.call(add_and_claim)

@@ -9,13 +9,18 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import pytest
 from sqlalchemy import insert, select
 from sqlalchemy.engine import Connection
 
 from synnefo_ganeti.errors import ConflictError, InvalidError
-from synnefo_ganeti.store import Store
+from synnefo_ganeti.jobs import parse_job_file
+from synnefo_ganeti.store import JobVersion, Store
 from synnefo_ganeti.store.backends._backends import backend_events_t
+from synnefo_ganeti.store.db import _writer
+from tests._watch import lifecycle
+from tests.helpers import eventually
 
 
 async def test_calls_queued_together_commit_together_and_fail_alone(db_url: str) -> None:
@@ -259,3 +264,77 @@ async def test_the_writer_lingers_for_more_callers_only_while_they_come_together
         await asyncio.gather(*(add(f"third{n}.example.com") for n in range(10)))
         await asyncio.gather(*(add(f"fourth{n}.example.com") for n in range(10)))
         assert store.stats.lingers == before
+
+
+async def test_the_writer_lingers_again_while_callers_keep_coming_up_to_its_steps(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each wait that brought another caller is followed by another, ``LINGER_STEPS`` at most:
+    one transaction for the callers of a busy moment however slowly each comes (several
+    dispatchers share a burst: each one's callers come half as often)."""
+
+    def spec(name: str) -> dict[str, Any]:
+        return {"name": name, "os": "noop", "disk_template": "diskless", "beparams": {"memory": 128}}
+
+    async def add(name: str) -> None:
+        await store.add_request(spec(name), name=name, backend=None, request_id=None, unique_names="global")
+
+    async with Store(db_url) as store:
+        writer = store._writer
+        await asyncio.gather(*(add(f"warm{n}.example.com") for n in range(6)))  # callers together
+        late: list[asyncio.Task[None]] = []
+        pauses: list[float] = []
+
+        async def pause(seconds: float) -> None:  # a caller comes during each wait
+            pauses.append(seconds)
+            if len(pauses) > _writer.LINGER_STEPS:
+                return
+            queued = writer.pending
+            late.append(asyncio.create_task(add(f"late{len(pauses)}.example.com")))
+            await eventually(lambda: writer.pending > queued, what="the late caller queued")
+
+        monkeypatch.setattr(_writer, "_pause", pause)
+        grouped, groups = store.stats.grouped, store.stats.groups
+        await asyncio.gather(*(add(f"wave{n}.example.com") for n in range(3)))
+        await asyncio.gather(*late)
+        # the steps, then one transaction for all (a second group would have waited again)
+        assert pauses == [_writer.LINGER] * _writer.LINGER_STEPS
+        assert store.stats.grouped - grouped == 3 + _writer.LINGER_STEPS
+        assert store.stats.groups - groups == 1
+        assert len(await store.list_requests(limit=None)) == 6 + 3 + _writer.LINGER_STEPS
+
+
+def version(job_id: int) -> JobVersion:
+    """A queued version of a one-op job (``tests/_watch.py``'s lifecycle)."""
+    return JobVersion("versions", parse_job_file(orjson.dumps(lifecycle(job_id)[0])))
+
+
+async def test_after_a_burst_of_versions_the_writer_waits_for_more_while_they_come(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of job versions after one of ``LINGER_VERSIONS`` or more waits ``LINGER`` for
+    more, again while each wait brings some; after a small batch, none waits."""
+    async with Store(db_url) as store:
+        for job_id in range(1, _writer.LINGER_VERSIONS + 1):  # no yield between: one batch
+            await store.put(version(job_id))
+        await store.flush()
+        batches = store.stats.batches
+        later = [version(101), version(102)]
+        pauses: list[float] = []
+
+        async def pause(seconds: float) -> None:  # a version comes during each wait, while any
+            pauses.append(seconds)
+            if later:
+                await store.put(later.pop(0))
+
+        monkeypatch.setattr(_writer, "_pause", pause)
+        await store.put(version(100))
+        await store.flush()
+        assert pauses == [_writer.LINGER] * 3  # two brought one each, the third none: written
+        assert store.stats.batches == batches + 1
+        assert len(await store.list_jobs(backend="versions")) == _writer.LINGER_VERSIONS + 3
+
+        pauses.clear()  # the last batch was small (3): the next one does not wait
+        await store.put(version(200))
+        await store.flush()
+        assert pauses == [] and store.stats.batches == batches + 2

@@ -29,20 +29,17 @@ from synnefo_ganeti._backoff import Backoff
 from synnefo_ganeti.errors import ConflictError, StoreError
 from synnefo_ganeti.jobs import JobSummary
 from synnefo_ganeti.store.db._batch import Batched, _BatchFailed
+from synnefo_ganeti.store.db._commits import BatchResult, CommitInfo, WriterStats
 from synnefo_ganeti.store.db._engine import Database, is_deadlock, reason
 
 if TYPE_CHECKING:  # the writer queues job-file versions; the jobs concern defines them
     from synnefo_ganeti.store.jobs._models import JobVersion
 
-__all__ = ["BatchResult", "CommitInfo", "Writer", "WriterStats"]
+__all__ = ["Writer"]
 
 log = logging.getLogger("synnefo_ganeti.store")
 
 T = TypeVar("T")
-
-#: what writing one batch did: (applied (backend, summary), skipped, older, events, ended
-#: before: the final versions it carried of jobs whose end another process had stored already)
-BatchResult = tuple[list[tuple[str, JobSummary]], int, int, int, list[tuple[str, JobSummary]]]
 
 _TRANSIENT = (DBAPIError, OSError, TimeoutError, ConnectionError)
 #: attempts of one call while the database is unavailable (about 5 minutes with the backoff)
@@ -52,6 +49,15 @@ _CALL_ATTEMPTS = 60
 LINGER = 0.003
 #: the last group of calls had at least this many: callers are coming together
 LINGER_SIBLINGS = 2
+#: waits of :data:`LINGER` at most before one transaction, each after one that brought more
+#: calls: while several dispatchers share a burst, each one's callers come half as often, and
+#: a group of half the size costs a transaction's round trips all the same (issue 31)
+LINGER_STEPS = 4
+#: the last batch of job versions had at least this many: a burst's, worth a wait for more
+#: (the follow lease's holder of several dispatchers, its writer less busy, wrote a burst's
+#: versions in twice the transactions one dispatcher did)
+LINGER_VERSIONS = 16
+_pause = asyncio.sleep  # (tests hold the linger open)
 
 
 @dataclass(slots=True)
@@ -74,37 +80,6 @@ class _Call:
 
 
 _Pending: TypeAlias = "JobVersion | _Call | None"
-
-
-@dataclass(frozen=True, slots=True)
-class CommitInfo:
-    """What one writer transaction did; given to :attr:`Store.on_commit` listeners."""
-
-    versions: int
-    applied: tuple[tuple[str, JobSummary], ...]
-    skipped: int
-    events: int
-    committed_at: float
-    oldest_read_at: float
-    #: the final versions this batch carried of jobs whose end was stored already, by another
-    #: process (several dispatchers: the follow lease's holder): skipped, not in ``applied``,
-    #: but a submitter waiting on one of them learns its end here
-    ended_before: tuple[tuple[str, JobSummary], ...] = ()
-
-
-@dataclass(slots=True)
-class WriterStats:
-    versions: int = 0
-    applied: int = 0
-    skipped: int = 0
-    older: int = 0
-    events: int = 0
-    batches: int = 0
-    retries: int = 0
-    #: callers' writes committed together with others' (one transaction, a savepoint each)
-    grouped: int = 0
-    #: the times the writer waited for more calls before a transaction (``Writer.linger``)
-    lingers: int = 0
 
 
 class Writer:
@@ -133,6 +108,7 @@ class Writer:
         #: together (:meth:`_should_linger`); 0: never
         self.linger = LINGER
         self._last_group = 0
+        self._last_versions = 0
         #: SQLite: since when (monotonic) the writer's transactions fail with "database is locked"
         self._locked_since: float | None = None
 
@@ -256,18 +232,21 @@ class Writer:
                 stopping = True
             else:
                 items.append(first)
-            lingered = False
+            lingers, before = 0, 0
             while len(items) < self.batch_size and not stopping:
                 try:
                     item = queue.get_nowait()
                 except asyncio.QueueEmpty:
-                    if lingered or not self._should_linger(first):
+                    if lingers >= LINGER_STEPS or (lingers and len(items) == before):
+                        break  # waited enough, or the last wait brought nobody
+                    if not self._should_linger(first):
                         break
                     # callers at once (the last group had several): a moment for more of them,
-                    # as PostgreSQL's commit_delay with commit_siblings (see LINGER)
-                    lingered = True
+                    # as PostgreSQL's commit_delay with commit_siblings (see LINGER), and
+                    # another while they keep coming
+                    lingers, before = lingers + 1, len(items)
                     self.stats.lingers += 1
-                    await asyncio.sleep(self.linger)
+                    await _pause(self.linger)
                     continue
                 taken += 1
                 if item is None:
@@ -287,6 +266,7 @@ class Writer:
                     await self._calls(calls)
                 batch = [item for item in items if not isinstance(item, _Call)]
                 if batch:
+                    self._last_versions = len(batch)
                     await self._write_with_retry(batch)
             finally:
                 for _ in range(taken):
@@ -296,13 +276,13 @@ class Writer:
         """Wait :attr:`linger` for more calls before a call's transaction: only a call that has
         a set-based step (the hot writes: requests added, placed, submitted), and only while
         callers come together (the last group of calls had :data:`LINGER_SIBLINGS` or more). A
-        caller alone (an API writing one request at a time) never waits."""
-        return (
-            self.linger > 0
-            and isinstance(first, _Call)
-            and first.batch is not None
-            and self._last_group >= LINGER_SIBLINGS
-        )
+        caller alone (an API writing one request at a time) never waits. Job versions likewise,
+        while they come in numbers (the last batch had :data:`LINGER_VERSIONS` or more: a burst)."""
+        if self.linger <= 0 or first is None:
+            return False
+        if isinstance(first, _Call):
+            return first.batch is not None and self._last_group >= LINGER_SIBLINGS
+        return self._last_versions >= LINGER_VERSIONS
 
     def _retried(self, exc: BaseException) -> bool:
         """Count a retry; whether ``exc`` is SQLite's "locked", noting since when it is."""
@@ -355,6 +335,7 @@ class Writer:
             return
         self._locked_since = None
         self.stats.grouped += len(calls)
+        self.stats.groups += 1
         for call, (ok, value) in zip(calls, outcomes, strict=True):
             if call.future.done():
                 continue

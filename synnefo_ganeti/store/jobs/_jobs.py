@@ -24,11 +24,11 @@ from synnefo_ganeti.errors import InvalidError
 from synnefo_ganeti.jobs import JobFile, JobStatus, JobSummary, job_events
 from synnefo_ganeti.store.backends._backends import Backends, backends_t
 from synnefo_ganeti.store.db._any import any_of
+from synnefo_ganeti.store.db._commits import BatchResult
 from synnefo_ganeti.store.db._copy import insert_rows
 from synnefo_ganeti.store.db._engine import NOTIFY_CHANNEL, Database
 from synnefo_ganeti.store.db._locks import job_key, jobs_key, lock_keys
 from synnefo_ganeti.store.db._many import execute_many
-from synnefo_ganeti.store.db._writer import BatchResult
 from synnefo_ganeti.store.jobs._models import JobVersion, PruneResult, StoredJob, StoredOp
 from synnefo_ganeti.store.jobs._rows import Job, JobEventRow
 

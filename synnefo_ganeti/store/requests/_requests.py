@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Row, Table, bindparam, delete, func, insert, select, update
+from sqlalchemy import Connection, Row, Table, delete, func, insert, select, update
 
 from synnefo_ganeti._serial import to_jsonable
 from synnefo_ganeti.errors import ConflictError, InvalidError, NotFoundError, RequestNotHeldError
 from synnefo_ganeti.store.backends._rows import Backend
-from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.db._locks import lock_keys
 from synnefo_ganeti.store.instances._rows import Instance, InstanceJob
 from synnefo_ganeti.store.requests._names import UniqueNames, check_name_free, name_key, request_differences
@@ -244,90 +243,6 @@ def add(
         )
     )
     return must_get(conn, request_id), True
-
-
-def claim(conn: Connection, dispatcher: str, limit: int, *, skip_locked: bool) -> list[Request]:
-    """Take up to ``limit`` pending requests nobody holds, oldest first."""
-    query = _UNCLAIMED_SKIP_LOCKED if skip_locked else _UNCLAIMED
-    ids = [row.id for row in conn.execute(query, {"b_limit": limit})]
-    if not ids:
-        return []
-    now = datetime.now(UTC)
-    conn.execute(_CLAIM, {"b_ids": ids, "b_dispatcher": dispatcher, "b_now": now})
-    rows = conn.execute(_CLAIMED, {"b_ids": ids, "b_dispatcher": dispatcher})
-    return sorted((Request.from_row(row) for row in rows), key=lambda r: (r.created_at, r.id))
-
-
-# claim()'s statements, built once (the dispatcher claims many times a second in a burst)
-_UNCLAIMED = (
-    select(requests_t.c.id)
-    .where(requests_t.c.status == RequestStatus.PENDING.value, requests_t.c.claimed_by.is_(None))
-    .order_by(requests_t.c.created_at, requests_t.c.id)
-    .limit(bindparam("b_limit"))
-)
-_UNCLAIMED_SKIP_LOCKED = _UNCLAIMED.with_for_update(skip_locked=True)
-_CLAIM = (
-    update(requests_t)
-    .where(any_of(requests_t.c.id, "b_ids"), requests_t.c.claimed_by.is_(None))
-    .values(
-        claimed_by=bindparam("b_dispatcher"), claimed_at=bindparam("b_now"), updated_at=bindparam("b_now")
-    )
-)
-_CLAIMED = select_requests().where(
-    any_of(requests_t.c.id, "b_ids"),
-    requests_t.c.claimed_by == bindparam("b_dispatcher"),
-)
-
-
-def claimants(conn: Connection, exclude: str) -> set[str]:
-    """Dispatchers (other than ``exclude``) holding pending requests."""
-    rows = conn.execute(
-        select(requests_t.c.claimed_by)
-        .where(
-            requests_t.c.status == RequestStatus.PENDING.value,
-            requests_t.c.claimed_by.is_not(None),
-            requests_t.c.claimed_by != exclude,
-        )
-        .distinct()
-    )
-    return {row.claimed_by for row in rows}
-
-
-def take_over(conn: Connection, old: str, new: str) -> list[Request]:
-    """Move the pending requests of dispatcher ``old`` (known dead) to ``new``."""
-    ids = [
-        row.id
-        for row in conn.execute(
-            select(requests_t.c.id).where(
-                requests_t.c.status == RequestStatus.PENDING.value, requests_t.c.claimed_by == old
-            )
-        )
-    ]
-    if not ids:
-        return []
-    now = datetime.now(UTC)
-    conn.execute(
-        update(requests_t)
-        .where(requests_t.c.id.in_(ids), requests_t.c.claimed_by == old)
-        .values(claimed_by=new, claimed_at=now, updated_at=now)
-    )
-    rows = conn.execute(select_requests().where(requests_t.c.id.in_(ids)))
-    return sorted((Request.from_row(row) for row in rows), key=lambda r: (r.created_at, r.id))
-
-
-def release(conn: Connection, dispatcher: str) -> int:
-    """Give back the pending requests ``dispatcher`` holds and has not placed (shutdown): nobody
-    is placing them now, so none has a waiting reason."""
-    result = conn.execute(
-        update(requests_t)
-        .where(
-            requests_t.c.status == RequestStatus.PENDING.value,
-            requests_t.c.claimed_by == dispatcher,
-            requests_t.c.backend_id.is_(None),
-        )
-        .values(claimed_by=None, claimed_at=None, updated_at=datetime.now(UTC), waiting_reason=None)
-    )
-    return int(result.rowcount or 0)
 
 
 def _held(conn: Connection, request_id: str, dispatcher: str) -> Request:

@@ -30,7 +30,7 @@ from synnefo_ganeti.store.instances._instances import (
     instances_t,
 )
 from synnefo_ganeti.store.instances._outcomes import task_of
-from synnefo_ganeti.store.requests import _requests, _settle
+from synnefo_ganeti.store.requests import _claims, _requests, _settle
 from synnefo_ganeti.store.requests._names import UniqueNames, check_name_free
 from synnefo_ganeti.store.requests._requests import Request, RequestStatus
 from synnefo_ganeti.store.requests._requests_batch import (
@@ -157,17 +157,17 @@ class Requests:
     async def claim(self, dispatcher: str, limit: int) -> list[Request]:
         skip_locked = self.db.dialect == "postgresql"
         return await self.writer.call(
-            lambda conn: _requests.claim(conn, dispatcher, limit, skip_locked=skip_locked), exclusive=False
+            lambda conn: _claims.claim(conn, dispatcher, limit, skip_locked=skip_locked), exclusive=False
         )
 
     async def claimants(self, *, exclude: str) -> set[str]:
-        return await self.db.call_read(lambda conn: _requests.claimants(conn, exclude))
+        return await self.db.call_read(lambda conn: _claims.claimants(conn, exclude))
 
     async def take_over(self, old: str, new: str) -> list[Request]:
-        return await self.writer.call(lambda conn: _requests.take_over(conn, old, new), exclusive=False)
+        return await self.writer.call(lambda conn: _claims.take_over(conn, old, new), exclusive=False)
 
     async def release(self, dispatcher: str) -> int:
-        return await self.writer.call(lambda conn: _requests.release(conn, dispatcher), exclusive=False)
+        return await self.writer.call(lambda conn: _claims.release(conn, dispatcher), exclusive=False)
 
     async def place(
         self,
