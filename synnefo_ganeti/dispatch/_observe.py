@@ -9,8 +9,9 @@ for those instances (``PUT /2/query/instance`` with a filter on their names and 
 fields compared, as the reconciler asks; one request however many are due) and stores the
 answers in one writer call per backend (:func:`~synnefo_ganeti.store.record_observed`:
 only rows whose values differ). So the writer never waits for Ganeti, and a burst of job
-ends costs a request per pass, not one per instance; a pass waits ``OBSERVE_LINGER`` (0.1 s)
-once an instance is due, so that a steady pace of ends does too.
+ends costs a request per pass, not one per instance. (A pass does not wait for more ends: the
+values of an instance whose next job ended meanwhile would be stored after that job's end was
+applied, and a NIC or disk it added counted twice until the next pass.)
 
 An answer that cannot be had (the backend is down, the instance is gone) is logged and
 dropped: the next reconcile pass reads every instance and stores the same values.
@@ -31,7 +32,7 @@ from synnefo_ganeti.reconcile._fetch import query_instances
 from synnefo_ganeti.reconcile._observe import observed_values
 from synnefo_ganeti.store import CommitInfo, Store, record_observed
 
-__all__ = ["OBSERVED_OPS", "OBSERVE_LINGER", "Observer"]
+__all__ = ["OBSERVED_OPS", "Observer"]
 
 log = logging.getLogger("synnefo_ganeti.dispatch")
 
@@ -50,11 +51,6 @@ OBSERVED_OPS = frozenset(
 )
 
 
-#: seconds a pass waits once an instance is due: a request and a transaction per pass, not per
-#: job that ended (at 100 creates a second, one pass took one instance: issue 31)
-OBSERVE_LINGER = 0.1
-
-
 class Observer:
     """Stores Ganeti's values of instances whose create or modify (or move ...) just ended.
 
@@ -68,8 +64,6 @@ class Observer:
         self._client = client
         self._due: dict[str, set[str]] = {}
         self._wake = asyncio.Event()
-        #: seconds :meth:`run` waits after an instance is due before its pass (0: none)
-        self.linger = OBSERVE_LINGER
         #: rows that took Ganeti's values, answers that could not be had
         self.stored = 0
         self.missed = 0
@@ -101,12 +95,9 @@ class Observer:
             self.observe(backend, names)
 
     async def run(self) -> None:
-        """Forever (until cancelled): wait for instances due, fetch and store their values
-        (:attr:`linger` after the first is due: the jobs that end meanwhile come in one pass)."""
+        """Forever (until cancelled): wait for instances due, fetch and store their values."""
         while True:
             await self._wake.wait()
-            if self.linger > 0:
-                await asyncio.sleep(self.linger)
             await self.run_once()
 
     async def run_once(self) -> int:

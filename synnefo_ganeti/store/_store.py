@@ -173,13 +173,12 @@ class Store(RequestMethods):
     def pending(self) -> int:
         return self._writer.pending
 
-    async def call(self, fn: Callable[[Connection], T], *, exclusive: bool = True, shared: bool = False) -> T:
+    async def call(self, fn: Callable[[Connection], T], *, exclusive: bool = True) -> T:
         """Run ``fn(connection)`` in a write transaction of the writer task; its result.
 
         ``exclusive=False`` (PostgreSQL): without the writers' advisory lock, for
-        transactions that serialise on row locks of their own (request claims); ``shared=True``:
-        the writers' lock shared, for writes that lock what they read (``store/db/_locks.py``)."""
-        return await self._writer.call(fn, exclusive=exclusive, shared=shared)
+        transactions that serialise on row locks of their own (request claims)."""
+        return await self._writer.call(fn, exclusive=exclusive)
 
     async def call_read(self, fn: Callable[[Connection], T]) -> T:
         """Run a synchronous read ``fn(connection)`` on a connection of the async engine."""

@@ -3,7 +3,6 @@ after a create or modify ends (the dispatcher's observer) and on each reconcile 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import re
@@ -11,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
 
 from synnefo_ganeti import ControlPlane
 from synnefo_ganeti.config import Settings
@@ -20,7 +18,6 @@ from synnefo_ganeti.rapi import Instance
 from synnefo_ganeti.reconcile import Reconciler
 from synnefo_ganeti.reconcile._observe import observed_changes, observed_values
 from synnefo_ganeti.store import InstanceStatus, RequestStatus, Store, StoredInstance, record_observed
-from synnefo_ganeti.store.db._engine import _WRITE_LOCK_KEY
 from synnefo_ganeti.testing import FakeGaneti
 from tests.helpers import RAPI_FIXTURES, eventually, fake_client, spec
 from tests.unit.test_dispatcher import backend, fakes, finished, running, settings_for
@@ -125,36 +122,6 @@ async def test_only_changed_rows_newer_than_the_answer_are_written(db_url: str) 
         destroyed = await store.get_instance("b1", "gone.example")
         assert destroyed is not None and destroyed.memory is None  # DESTROYED rows are not touched
         assert observed_changes({"a.example": held}, {}) == {}
-
-
-async def test_storing_ganetis_values_waits_for_no_batch_of_job_versions(pg_url: str) -> None:
-    """PostgreSQL: the observer's write takes the writers' lock shared and locks the rows it
-    reads, so a burst's batches of job versions (which hold the lock shared) do not hold it up;
-    a write that reads and then decides (exclusive) still waits for them."""
-    values = {"nics": [], "disks": [], "memory": 128, "vcpus": 1, "os": "noop", "pnode": "n1"}
-    async with Store(pg_url) as store:
-        await store.add_instance("b1", "a.example", nics=[{}], status=InstanceStatus.STARTED)
-        async with store.engine.connect() as batch:  # another writer's transaction, lock held
-            await batch.execute(text("SELECT pg_advisory_xact_lock_shared(hashtext(current_database()), :key)"),
-                                {"key": _WRITE_LOCK_KEY})  # fmt: skip
-            changed = await asyncio.wait_for(record_observed(store, "b1", {"a.example": values}), 60)
-            assert changed == 1
-
-            exclusive = asyncio.create_task(store.call(lambda conn: conn.execute(text("SELECT 1")).scalar()))
-
-            async def waits() -> bool:
-                async with store.engine.connect() as look:
-                    waiting = await look.execute(
-                        text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
-                    )
-                    return bool(waiting.scalar())
-
-            await eventually(waits, what="the exclusive write to wait for the lock")
-            assert not exclusive.done()
-            await batch.rollback()
-        assert await asyncio.wait_for(exclusive, 60) == 1
-        held = await store.get_instance("b1", "a.example")
-        assert held is not None and stored_values(held) == values
 
 
 # -- after a create or modify ends -------------------------------------------------------------------

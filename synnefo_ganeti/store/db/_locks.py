@@ -17,9 +17,6 @@ Who locks what (the writers' lock: ``store/db/_engine.py`` ``begin_write``):
 * a submit record, shared: ``job:BACKEND:JOB``, before it reads whether the job's end is stored;
 * a batch of job versions, shared: ``jobs:BACKEND`` and ``job:BACKEND:JOB`` of each of its jobs,
   in one statement, before it reads the jobs stored and the recorded jobs it applies ends to;
-* the dispatcher's observer storing Ganeti's values of instances whose jobs ended
-  (``instances/_observed.py``), shared: the rows it reads ``FOR UPDATE`` (a job's end applied
-  to one meanwhile is read after it commits);
 * every other write (those that read and then decide: an instance's action, a request's end or
   cancel, the reconciler's repairs), the writers' lock exclusive: it waits for all the above.
 

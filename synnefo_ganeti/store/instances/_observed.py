@@ -57,8 +57,6 @@ _LIVE_OBSERVED = select(
     any_of(instances_t.c.name, "b_names"),
     checked(instances_t.c.status) != InstanceStatus.DESTROYED.value,
 )
-# (PostgreSQL: locked, and read again after a concurrent write of theirs commits; SQLite: as is)
-_LIVE_OBSERVED_LOCKED = _LIVE_OBSERVED.with_for_update(of=instances_t)
 
 
 def store_observed(
@@ -80,7 +78,7 @@ def store_observed(
     changed = 0
     for start in range(0, len(names), _CHUNK):
         rows = conn.execute(
-            _LIVE_OBSERVED_LOCKED, {"b_backend": backend_id, "b_names": names[start : start + _CHUNK]}
+            _LIVE_OBSERVED, {"b_backend": backend_id, "b_names": names[start : start + _CHUNK]}
         ).all()
         updates: list[dict[str, Any]] = []
         for row in rows:
@@ -113,9 +111,4 @@ async def record_observed(
         return 0
     backend_id = await store.ensure_backend(backend)
     snapshot = {name: dict(values) for name, values in observed.items()}
-    # the writers' lock shared: the rows read are locked (FOR UPDATE), so a job's end applied
-    # meanwhile (its state_time) is seen, and the writes that read and then decide (the
-    # reconciler's, an instance's action) still wait for it; a burst's commits do not
-    return await store.call(
-        lambda conn: store_observed(conn, backend_id, snapshot, taken_at=taken_at), shared=True
-    )
+    return await store.call(lambda conn: store_observed(conn, backend_id, snapshot, taken_at=taken_at))
