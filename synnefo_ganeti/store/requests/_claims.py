@@ -9,6 +9,7 @@ Functions taking a ``Connection`` run inside a store transaction.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import Connection, bindparam, select, update
 
@@ -50,12 +51,16 @@ _UNCLAIMED = (
     .limit(bindparam("b_limit"))
 )
 _UNCLAIMED_SKIP_LOCKED = _UNCLAIMED.with_for_update(skip_locked=True)
+#: what a claim writes into each row it takes
+_TAKE: dict[str, Any] = {
+    "claimed_by": bindparam("b_dispatcher"),
+    "claimed_at": bindparam("b_now"),
+    "updated_at": bindparam("b_now"),
+}
 _CLAIM = (
     update(requests_t)
     .where(any_of(requests_t.c.id, "b_ids"), requests_t.c.claimed_by.is_(None))
-    .values(
-        claimed_by=bindparam("b_dispatcher"), claimed_at=bindparam("b_now"), updated_at=bindparam("b_now")
-    )
+    .values(_TAKE)
 )
 _CLAIMED = select_requests().where(
     any_of(requests_t.c.id, "b_ids"),
@@ -66,9 +71,7 @@ _CLAIMED = select_requests().where(
 _TAKEN = (
     update(requests_t)
     .where(requests_t.c.id.in_(_UNCLAIMED_SKIP_LOCKED.scalar_subquery()))
-    .values(
-        claimed_by=bindparam("b_dispatcher"), claimed_at=bindparam("b_now"), updated_at=bindparam("b_now")
-    )
+    .values(_TAKE)
     .returning(*requests_t.c)
     .cte("taken")
 )
