@@ -137,7 +137,8 @@ async def dispatcher_child(args: argparse.Namespace) -> None:
     from synnefo_ganeti.dispatch import Dispatcher
 
     world, db_url = orjson.loads(sys.stdin.buffer.readline()), args.dispatcher_child
-    dispatcher = Dispatcher(settings_of(world, db_url), status_server=False)
+    # as ``synnefo-ganeti dispatch`` runs it: the garbage collector set for a daemon (_gc.py)
+    dispatcher = Dispatcher(settings_of(world, db_url), status_server=False, freeze_gc=True)
     running = asyncio.create_task(dispatcher.run())
     await asyncio.wait_for(dispatcher.ready.wait(), 120)
     sys.stdout.write("ready\n")

@@ -114,7 +114,8 @@ class DispatcherBase(BackendResources):
         self.supervisor = Supervisor("dispatcher", logger=log)
         self.ready = asyncio.Event()
         self._status_wanted = status_server
-        self._freeze_gc = freeze_gc
+        self._freeze_gc = freeze_gc  # the collector set for a daemon once started (_gc.py)
+        self._restore_gc: Callable[[], None] | None = None
         self._lock: DispatcherLock | None = None
         self._backends: dict[str, _Backend] = {}
         self._stop = asyncio.Event()

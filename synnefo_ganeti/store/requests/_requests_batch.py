@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Integer,
     String,
     bindparam,
     cast,
@@ -41,6 +42,7 @@ from synnefo_ganeti.store.db._batch import Outcome
 from synnefo_ganeti.store.db._checked import checked
 from synnefo_ganeti.store.db._locks import job_key, jobs_key, lock_keys
 from synnefo_ganeti.store.db._many import execute_many
+from synnefo_ganeti.store.db._schema import BigId
 from synnefo_ganeti.store.instances._instances import (
     InstanceAction,
     InstanceStatus,
@@ -92,20 +94,20 @@ class SubmittedArgs:
 # The hot statements, built once: built per batch (and a burst's API writes batches of a few
 # requests), their construction and cache keys cost more than running them.
 _REQUESTS = select_requests().where(any_of(requests_t.c.id, "b_ids"))
-# names compare whatever their case (``lower(name)``, as store/requests/_names.py): these take
-# lowered names. The requests of the names whatever their status, the open ones picked here, not
-# in SQL: statistics made while every request had ended (a cloud's past) say "no open request",
-# and with the status in the query PostgreSQL read every open one (a burst's thousands) by the
-# status index for each batch instead of the few of its names (issue 31)
-_HOLDERS = select(requests_t.c.id, requests_t.c.name, requests_t.c.status).where(
-    any_of(func.lower(requests_t.c.name), "b_names")
-)
+# Names compare whatever their case (``lower(name)``, as store/requests/_names.py): the checks
+# below take lowered names. They read the requests of the names whatever their status, the open
+# ones picked in Python, not in SQL: statistics made while every request had ended (a cloud's
+# past) say "no open request", and with the status in the query PostgreSQL read every open one (a
+# burst's thousands) by the status index for each batch instead of the few of its names (issue
+# 31). Likewise the instances of the names, DESTROYED ones too: with the status in the query
+# PostgreSQL may read the whole partial index of live names instead of the names'.
+#
 # What a batch of new requests checks, in one read (one round trip, not three): the batch's ids
 # already taken and the requests of its names (two arms, not an OR: each takes its own index, the
 # primary key and ix_requests_name_lower), the instances of its names (by name alone, DESTROYED
-# ones left out in Python: see _NAMED) and the renames in progress (their new names, as
+# ones left out in Python: see above) and the renames in progress (their new names, as
 # renaming_to reads them: the few in flight, by the partial index)
-_NO_ID = cast(null(), String)
+_NO_TEXT = cast(null(), String)
 _NO_PARAMS = cast(null(), JSON)
 _ADD_CHECKS = union_all(
     select(
@@ -118,10 +120,10 @@ _ADD_CHECKS = union_all(
     select(
         literal_column("'request'"), requests_t.c.id, requests_t.c.name, requests_t.c.status, _NO_PARAMS
     ).where(any_of(func.lower(requests_t.c.name), "b_names")),
-    select(literal_column("'instance'"), _NO_ID, instances_t.c.name, instances_t.c.status, _NO_PARAMS).where(
-        any_of(func.lower(instances_t.c.name), "b_names")
-    ),
-    renames_in_progress(literal_column("'rename'"), _NO_ID, _NO_ID, _NO_ID, instance_jobs_t.c.params),
+    select(
+        literal_column("'instance'"), _NO_TEXT, instances_t.c.name, instances_t.c.status, _NO_PARAMS
+    ).where(any_of(func.lower(instances_t.c.name), "b_names")),
+    renames_in_progress(literal_column("'rename'"), _NO_TEXT, _NO_TEXT, _NO_TEXT, instance_jobs_t.c.params),
 )
 # PostgreSQL: the same reads in a function that keeps a generic plan of them (migration 0018:
 # with its arrays as parameters the statement was planned again at each execution), called by
@@ -133,22 +135,46 @@ _ADD_CHECKS_PG = text(
 ).columns(kind=String, id=String, name=String, status=String, params=JSON)
 # a new request's row as the insert wrote it (its server defaults included): no read after it
 _INSERT = insert(requests_t)
-# the instances of these names, DESTROYED ones too (left out in Python, not in SQL: with the
-# status in the query PostgreSQL may read the whole partial index of live names instead of the
-# names')
-_NAMED = select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name, instances_t.c.status).where(
-    any_of(func.lower(instances_t.c.name), "b_names")
+_NO_ROW = cast(null(), BigId)
+_NO_INT = cast(null(), Integer)
+# What a placement checks once it has read its requests, in one read (one round trip, not three;
+# each arm takes its own index): the instances of their names and the requests of their names
+# (whatever their status: see above) and the instance rows already written with their ids
+_PLACE_CHECKS = union_all(
+    select(
+        literal_column("'instance'").label("kind"),
+        _NO_TEXT.label("id"),
+        instances_t.c.id.label("row_id"),
+        instances_t.c.backend_id,
+        instances_t.c.name,
+        instances_t.c.status,
+    ).where(any_of(func.lower(instances_t.c.name), "b_names")),
+    select(
+        literal_column("'request'"), requests_t.c.id, _NO_ROW, _NO_INT, requests_t.c.name, requests_t.c.status
+    ).where(any_of(func.lower(requests_t.c.name), "b_names")),
+    select(literal_column("'written'"), instances_t.c.uuid, _NO_ROW, _NO_INT, _NO_TEXT, _NO_TEXT).where(
+        any_of(instances_t.c.uuid, "b_uuids")
+    ),
 )
-_WRITTEN = select(instances_t.c.uuid).where(any_of(instances_t.c.uuid, "b_uuids"))
-_LIVE_NAMED = select(instances_t.c.id, instances_t.c.backend_id, instances_t.c.name).where(
-    any_of(instances_t.c.name, "b_names"), checked(instances_t.c.status) != _DESTROYED
-)
-_RECORDED = select(instance_jobs_t.c.backend_id, instance_jobs_t.c.job_id).where(
-    any_of(instance_jobs_t.c.backend_id, "b_backends"), any_of(instance_jobs_t.c.job_id, "b_jobs")
-)
-_STORED = select(jobs_t.c.backend_id, jobs_t.c.job_id, jobs_t.c.status).where(
-    any_of(jobs_t.c.backend_id, "b_backends"), any_of(jobs_t.c.job_id, "b_jobs")
-)
+# What a submissions' record checks once their jobs' keys are locked, in one read (not three):
+# the live instance rows of their names, their jobs' records and their jobs as stored
+_SUBMIT_CHECKS = union_all(
+    select(
+        literal_column("'live'").label("kind"),
+        instances_t.c.id.label("row_id"),
+        instances_t.c.backend_id,
+        _NO_ROW.label("job_id"),
+        instances_t.c.name,
+        _NO_TEXT.label("status"),
+    ).where(any_of(instances_t.c.name, "b_names"), checked(instances_t.c.status) != _DESTROYED),
+    select(
+        literal_column("'recorded'"), _NO_ROW, instance_jobs_t.c.backend_id, instance_jobs_t.c.job_id,
+        _NO_TEXT, _NO_TEXT,
+    ).where(any_of(instance_jobs_t.c.backend_id, "b_backends"), any_of(instance_jobs_t.c.job_id, "b_jobs")),
+    select(
+        literal_column("'stored'"), _NO_ROW, jobs_t.c.backend_id, jobs_t.c.job_id, _NO_TEXT, jobs_t.c.status
+    ).where(any_of(jobs_t.c.backend_id, "b_backends"), any_of(jobs_t.c.job_id, "b_jobs")),
+)  # fmt: skip
 
 
 # the batch's writes (each one statement for the batch on PostgreSQL: store/db/_many.py)
@@ -191,15 +217,6 @@ _CREATING = (
 
 def _requests(conn: Connection, ids: Iterable[str]) -> dict[str, Any]:
     return {row.id: row for row in conn.execute(_REQUESTS, {"b_ids": list(ids)})}
-
-
-def _holders(conn: Connection, names: set[str]) -> dict[str, set[str]]:
-    """Name, lowered -> the open requests holding it (whatever its case)."""
-    holders: dict[str, set[str]] = defaultdict(set)
-    for row in conn.execute(_HOLDERS, {"b_names": sorted({name.lower() for name in names})}):
-        if row.status in _OPEN:
-            holders[row.name.lower()].add(row.id)
-    return holders
 
 
 def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
@@ -300,22 +317,29 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
 def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]:
     """Place the requests of ``items`` on their backends (see :meth:`Requests.place`)."""
     rows = _requests(conn, (item.request_id for item in items))
-    names = {row.name for row in rows.values()}
     # (no name's lock: the writers' lock is shared, but a request placed here is its name's one
     # open holder, which the API's checks keep so under the name's lock, and the unique index of
     # live rows stops a second row of the name on a backend; an earlier life's jobs are locked)
     live: set[str] = set()  # names with an instance row not DESTROYED (any backend)
     last_destroyed: dict[tuple[int, str], int] = {}  # (backend, name) -> its latest DESTROYED row
-    for found in conn.execute(_NAMED, {"b_names": sorted({name.lower() for name in names})}):
-        if found.status != _DESTROYED:
+    holders: dict[str, set[str]] = defaultdict(set)  # name, lowered -> the open requests holding it
+    # the requests whose instance row is written already (an earlier attempt's, kept): one by one
+    written: set[str] = set()
+    params = {
+        "b_names": sorted({row.name.lower() for row in rows.values()}),
+        "b_uuids": sorted({r.instance_uuid for r in rows.values() if r.instance_uuid}),
+    }
+    for found in conn.execute(_PLACE_CHECKS, params):
+        if found.kind == "written":
+            written.add(found.id)
+        elif found.kind == "request":
+            if found.status in _OPEN:
+                holders[found.name.lower()].add(found.id)
+        elif found.status != _DESTROYED:
             live.add(found.name.lower())  # (lowered, as ``taken`` and ``holders``)
         else:
             key = (found.backend_id, found.name)
-            last_destroyed[key] = max(found.id, last_destroyed.get(key, found.id))
-    holders = _holders(conn, names)
-    # the requests whose instance row is written already (an earlier attempt's, kept): one by one
-    uuids = [r.instance_uuid for r in rows.values() if r.instance_uuid]
-    written = {row.uuid for row in conn.execute(_WRITTEN, {"b_uuids": uuids})} if uuids else set()
+            last_destroyed[key] = max(found.row_id, last_destroyed.get(key, found.row_id))
     fast: list[tuple[int, PlaceArgs, Any]] = []
     taken: set[str] = set()
     for index, item in enumerate(items):
@@ -405,31 +429,29 @@ def place_many(conn: Connection, items: list[PlaceArgs]) -> list[Outcome | None]
 def submitted_many(conn: Connection, items: list[SubmittedArgs]) -> list[Outcome | None]:
     """Record the create jobs of ``items`` (see :meth:`Requests.submitted`)."""
     rows = _requests(conn, (item.request_id for item in items))
-    names = {row.name for row in rows.values()}
-    live: dict[tuple[int, str], list[Any]] = defaultdict(list)
-    for found in conn.execute(_LIVE_NAMED, {"b_names": sorted(names)}):
-        live[(found.backend_id, found.name)].append(found)
     pairs = [(rows[i.request_id].backend_id, i.job_id) for i in items if i.request_id in rows]
-    pairs = [pair for pair in pairs if pair[0] is not None]
+    wanted = {pair for pair in pairs if pair[0] is not None}
     # the jobs' keys, as the batch that stores their ends takes them (store/jobs/_jobs.py): of a
     # job's record and its end, the second sees the first (the writers' lock is only shared)
-    lock_keys(conn, (job_key(backend_id, job_id) for backend_id, job_id in pairs))
+    lock_keys(conn, (job_key(backend_id, job_id) for backend_id, job_id in wanted))
+    live: dict[tuple[int, str], list[int]] = defaultdict(list)  # live instance rows by name
     recorded: set[tuple[int, int]] = set()
     ended: set[tuple[int, int]] = set()
-    if pairs:
+    params = {
+        "b_names": sorted({row.name for row in rows.values()}),
         # (the backends' and the job ids' lists: a pair of one with the other is left out below)
-        wanted = set(pairs)
-        keys = {"b_backends": sorted({b for b, _ in wanted}), "b_jobs": sorted({j for _, j in wanted})}
-        recorded = {
-            (row.backend_id, row.job_id)
-            for row in conn.execute(_RECORDED, keys)
-            if (row.backend_id, row.job_id) in wanted
-        }
-        ended = {
-            (row.backend_id, row.job_id)
-            for row in conn.execute(_STORED, keys)
-            if (row.backend_id, row.job_id) in wanted and JobStatus(row.status).is_final
-        }
+        "b_backends": sorted({b for b, _ in wanted}),
+        "b_jobs": sorted({j for _, j in wanted}),
+    }
+    for found in conn.execute(_SUBMIT_CHECKS, params):
+        if found.kind == "live":
+            live[(found.backend_id, found.name)].append(found.row_id)
+        elif (found.backend_id, found.job_id) not in wanted:
+            continue
+        elif found.kind == "recorded":
+            recorded.add((found.backend_id, found.job_id))
+        elif JobStatus(found.status).is_final:
+            ended.add((found.backend_id, found.job_id))
     fast: list[tuple[int, SubmittedArgs, Any, int]] = []
     seen: set[tuple[int, int]] = set()
     for index, item in enumerate(items):
@@ -446,7 +468,7 @@ def submitted_many(conn: Connection, items: list[SubmittedArgs]) -> list[Outcome
         if len(instance_rows) != 1 or pair in recorded or pair in ended or pair in seen:
             continue  # off the fast path: the one-by-one record settles it
         seen.add(pair)
-        fast.append((index, item, row, instance_rows[0].id))
+        fast.append((index, item, row, instance_rows[0]))
     outcomes: list[Outcome | None] = [None] * len(items)
     if not fast:
         return outcomes
