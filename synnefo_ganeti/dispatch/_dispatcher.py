@@ -151,6 +151,9 @@ class Dispatcher(Submitter):
         finally:
             if watcher is not None:
                 watcher.cancel()
+            if self._restore_gc is not None:  # the collector as it was, however it ended (_gc.py)
+                self._restore_gc()
+                self._restore_gc = None
         if not self.supervisor.healthy:
             log.error(
                 "dispatcher %s stopped because a root task failed: %s", self.id, self.supervisor.problem()
@@ -296,9 +299,6 @@ class Dispatcher(Submitter):
         if self._lock is not None:
             await self._lock.release()
             self._lock = None
-        if self._restore_gc is not None:
-            self._restore_gc()
-            self._restore_gc = None
         log.info("dispatcher %s stopped: %s", self.id, self.stats.to_json())
 
     async def _stop_backends_and_give_back(self) -> None:
