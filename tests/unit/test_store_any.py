@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synnefo_ganeti.store.db._any import any_of
 from synnefo_ganeti.store.db._engine import Database
-from synnefo_ganeti.store.requests._requests_batch import _REQUESTS
+from synnefo_ganeti.store.requests._batch_reads import REQUESTS as _REQUESTS
 
 _meta = MetaData()
 _things = Table("any_of_things", _meta, Column("id", Integer, primary_key=True), Column("name", String(8)))
