@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from synnefo_ganeti.errors import ConflictError
 from synnefo_ganeti.store import InstanceStatus, RequestNotHeldError, RequestStatus, Store
@@ -95,6 +95,34 @@ async def test_a_burst_is_added_placed_and_submitted_in_batches(db_url: str, bat
         instances = await store.list_instances(backend="b1")
         assert {i.name for i in instances} == set(names)
         assert {i.status for i in instances} == {InstanceStatus.STARTED}
+
+
+async def test_a_batch_of_new_requests_is_one_insert_on_postgresql(
+    pg_url: str, batches: Counter[str]
+) -> None:
+    """Not one execution a row (an ``executemany``: PostgreSQL binds, plans and runs each): the
+    rows unnested into one statement (db/_many.py), the values the same."""
+    inserts: list[tuple[str, bool]] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, _params: Any, _context: Any, many: bool) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO REQUESTS"):
+            inserts.append((statement, many))
+
+    async with Store(pg_url) as store:
+        engine = store._db.engine.sync_engine
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            names = [f"one{i}.example.com" for i in range(20)]
+            added = await asyncio.gather(*(add(store, name) for name in names))
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+        assert batches["add_many"] >= 1 and all(new for _, new in added)
+        assert inserts and not any(many for _, many in inserts), inserts
+        assert any("unnest" in statement for statement, _ in inserts)
+        assert len(inserts) < len(names)  # (the first call may go alone; the rest together)
+        stored = [await store.get_request(request.id) for request, _ in added]
+        assert [request for request, _ in added] == stored
+        assert sorted(r.instance for r in stored if r is not None) == sorted(names)
 
 
 async def test_in_one_batch_a_repeat_or_a_clash_is_told_as_one_by_one(

@@ -202,7 +202,9 @@ def add_many(conn: Connection, items: list[AddArgs]) -> list[Outcome | None]:
         )
         for _, item in fast
     ]
-    conn.execute(
+    # one statement for the batch on PostgreSQL (rows unnested: db/_many.py), not one a row
+    execute_many(
+        conn,
         _INSERT,
         [
             {
