@@ -146,8 +146,10 @@ class Dispatcher(Submitter):
                 await self._start()
                 await self.supervisor.wait(self._stop)
             finally:
-                await self._shutdown()
-                await self.close()
+                try:
+                    await self._shutdown()
+                finally:  # (a step of the shutdown that failed does not keep the store open)
+                    await self.close()
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -285,21 +287,33 @@ class Dispatcher(Submitter):
             tail.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await tail
+            await self._last_steps()
         else:
-            tail.result()
+            try:
+                tail.result()
+            finally:  # (raised after the last steps: the status server stopped, the lock given back)
+                await self._last_steps()
+        log.info("dispatcher %s stopped: %s", self.id, self.stats.to_json())
+
+    async def _last_steps(self) -> None:
+        """The shutdown's last steps, each taken whether or not one before it failed: the store's
+        listeners removed, the status server stopped, the dispatcher's lock given back (so that
+        a failed step never leaves a port or the lock held in a process that goes on: a
+        ``Dispatcher`` inside a cloud API's). The first failure is raised once all ran."""
         if self._store is not None:
             with contextlib.suppress(ValueError):
                 self.store.on_commit.remove(self._on_commit)
             if self.observer is not None:
                 with contextlib.suppress(ValueError):
                     self.store.on_commit.remove(self.observer.on_commit)
-        if self.status is not None:
-            await self.status.stop()
-            self.status = None
-        if self._lock is not None:
-            await self._lock.release()
-            self._lock = None
-        log.info("dispatcher %s stopped: %s", self.id, self.stats.to_json())
+        try:
+            if self.status is not None:
+                status, self.status = self.status, None
+                await status.stop()
+        finally:
+            if self._lock is not None:
+                lock, self._lock = self._lock, None
+                await lock.release()
 
     async def _stop_backends_and_give_back(self) -> None:
         """The backends' followers stopped (a watcher stores what it read), unplaced claims given
