@@ -65,6 +65,7 @@ def canceled(content: dict[str, Any]) -> dict[str, Any]:
 
 
 CREATE_OK = raw("job-11.op_instance_create.success.json")
+REMOVE_OK = raw("job-17.op_instance_remove.success.json")
 CREATE_BAD_OS = raw("job-16.op_instance_create.error_bad_os.json")
 BAD_OS_ERROR = (
     "OpExecError: OS Parameters validation failed on node node1.ganeti.test: "
@@ -599,6 +600,28 @@ async def test_0004_downgrades_to_0003_and_upgrades_again(db_url: str, engine: A
         request, new = await store.add_request(spec_of(), name=NAME)
         assert new and (await store.request_counts()) == {(None, "pending"): 1}
         assert request.id in [r.id for r in await store.claim_requests("d1")]
+
+
+async def test_a_remove_that_ends_before_its_delete_mark_is_cleared_leaves_no_mark(db_url) -> None:
+    """A deferred delete's follower sends the remove, records it, then clears the mark: a remove
+    that ends first (Ganeti removes a fake instance in milliseconds) is applied before the clear.
+    The row is DESTROYED and unmarked in the same write, not marked until the clear comes (a CI
+    rehearsal's ``test_delete_instance_of_a_build_instance`` read it in between)."""
+    async with Store(db_url) as store:
+        request = await submitted(store, 22, name="vm22")
+        assert request.instance_id is not None
+        assert await store.defer_delete(request.instance_id, request_id=request.id)
+        await store.record(B1, job(CREATE_OK, job_id=22))
+        (due,) = await store.deletes_due()
+        assert due.id == request.instance_id
+        await store.record_instance_job(B1, "vm22", 23, "remove")
+        await store.record(B1, job(REMOVE_OK, job_id=23))
+        gone = await store.get_instance(None, None, id=request.instance_id)
+        assert gone is not None and gone.status is InstanceStatus.DESTROYED
+        assert gone.delete_requested_at is None
+        assert await store.deletes_due() == [] and await store.pending_deletes() == 0
+        await store.clear_delete(request.instance_id)  # (the follower's clear, late: changes nothing)
+        assert await store.get_instance(None, None, id=request.instance_id) == gone
 
 
 async def test_a_delete_during_a_create_that_would_be_placed_again_cancels_it_for_good(db_url) -> None:

@@ -147,7 +147,10 @@ def _after(
     if gone and instance_unknown(job_message(summary)):
         new_status = InstanceStatus.DESTROYED  # Ganeti has no such instance: it is gone
     if new_status is InstanceStatus.DESTROYED:
-        values.update(task=None, task_job_id=None)
+        # a deferred delete's mark ends with the instance, in the same write: its follower clears
+        # it once the remove is sent, and a remove that ends first would leave a DESTROYED row
+        # marked until then (as the request's settle does, store/requests/_settle.py)
+        values.update(task=None, task_job_id=None, delete_requested_at=None)
     if new_status is None and action is InstanceAction.REINSTALL and shut_down(summary):
         new_status = InstanceStatus.STOPPED  # its shutdown ran, then the reinstall failed
     if new_status is not None and new_status.value != row.status:
