@@ -49,13 +49,25 @@ class BackendResources:
             self._store = store
 
     async def close(self) -> None:
-        for name in list(self._own_clients):
+        """Close the RAPI clients and the store this opened, each whether or not closing one
+        before it failed (a client whose close raised left the store open, its writer's
+        queue unflushed), in the order they were opened; the first failure is raised after."""
+        failure: Exception | None = None
+        for name in [name for name in self._clients if name in self._own_clients]:  # as opened
             client = self._clients.pop(name)
-            await client.close()
-        self._own_clients.clear()
+            self._own_clients.discard(name)
+            try:
+                await client.close()
+            except Exception as exc:  # (the others are closed all the same)
+                failure = failure or exc
         if self._own_store and self._store is not None:
-            await self._store.close()
-            self._store = None
+            store, self._store = self._store, None
+            try:
+                await store.close()
+            except Exception as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     @property
     def store(self) -> Store:
