@@ -70,6 +70,8 @@ from _cpu import PostgresCpu, database_name, locate_postmaster, process_cpu_s
 from _databases import database
 from _history import queue_serial
 from _history import seed as seed_history
+from synnefo_ganeti.config import DispatcherSettings
+from synnefo_ganeti.daemon import loop_name, run_daemon
 
 NODES = 20
 CREATE_S = 0.05
@@ -137,11 +139,12 @@ async def dispatcher_child(args: argparse.Namespace) -> None:
     from synnefo_ganeti.dispatch import Dispatcher
 
     world, db_url = orjson.loads(sys.stdin.buffer.readline()), args.dispatcher_child
-    # as ``synnefo-ganeti dispatch`` runs it: the garbage collector set for a daemon (_gc.py)
+    # as ``synnefo-ganeti dispatch`` runs it: the garbage collector set for a daemon (_gc.py), on
+    # the daemon's event loop (__main__ below: --dispatcher-loop, [dispatcher] event_loop's default)
     dispatcher = Dispatcher(settings_of(world, db_url), status_server=False, freeze_gc=True)
     running = asyncio.create_task(dispatcher.run())
     await asyncio.wait_for(dispatcher.ready.wait(), 120)
-    sys.stdout.write("ready\n")
+    sys.stdout.write(orjson.dumps({"event_loop": loop_name()}).decode() + "\n")
     sys.stdout.flush()
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
     stats = (dispatcher.stats.to_json(), dataclasses.asdict(dispatcher.store.stats))
@@ -192,13 +195,14 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
             if args.history:
                 await seed_history(store, "burst", args.history)
                 progress(f"the database holds {args.history} past requests and instances, analyzed")
+            loops: set[str] = set()  # the dispatchers' event loop, as each says
             for number in range(dispatchers):
-                process = await child("--dispatcher-child", db_url)
+                process = await child("--dispatcher-child", db_url, "--dispatcher-loop", args.dispatcher_loop)
                 processes.append(process)
                 assert process.stdin is not None
                 process.stdin.write(orjson.dumps(world) + b"\n")
                 await process.stdin.drain()
-                await first_line(process, f"dispatcher {number + 1}")
+                loops.add(orjson.loads(await first_line(process, f"dispatcher {number + 1}"))["event_loop"])
             progress(
                 f"{dispatchers} dispatcher(s) ready; {args.requests} requests from {API_TASKS} API tasks"
             )
@@ -242,6 +246,7 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
             except TimeoutError:
                 progress(f"deadline: {len(ended_at)} of {args.requests} ends seen")
             cpu_s = cpu.stop()
+            progress(f"every end in the feed {time.time() - started:.2f} s after the first request")
             follower.cancel()
             requests = await cp.list_requests()
             async with RapiClient(
@@ -289,6 +294,7 @@ async def run(args: argparse.Namespace, dispatchers: int) -> dict[str, Any]:
         "lost": lost,
         "db": args.db,
         "history": args.history,
+        "event_loop": ", ".join(sorted(loops)),
         **cpu_fields(cpu_s, args.requests, no_postgres, in_process=db_url.startswith("sqlite")),
     }
 
@@ -482,6 +488,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rate", type=float, default=0.0,
         help="requests a second the API tasks write, paced (default 0: as fast as they can, the burst)",
     )  # fmt: skip
+    parser.add_argument(
+        "--dispatcher-loop", choices=["auto", "uvloop", "asyncio"], default=DispatcherSettings().event_loop,
+        help="the dispatchers' event loop, as [dispatcher] event_loop (default: its default, auto: uvloop "
+        "where it can be imported); the API's and the fake's stay asyncio's",
+    )  # fmt: skip
     parser.add_argument("--fake-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dispatcher-child", metavar="DB_URL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -494,7 +505,7 @@ if __name__ == "__main__":
     if arguments.fake_child:
         asyncio.run(fake_child(arguments))
     elif arguments.dispatcher_child:
-        asyncio.run(dispatcher_child(arguments))
+        run_daemon(dispatcher_child(arguments), arguments.dispatcher_loop)
     else:
         for line in asyncio.run(main(arguments)):
             print(orjson.dumps(line).decode(), flush=True)

@@ -16,6 +16,18 @@ from synnefo_ganeti import RapiClient
 from synnefo_ganeti.testing._queue import QueueDir
 
 IN_CI = bool(os.environ.get("CI"))
+#: the event loop the async tests run on: "asyncio" (the default) or "uvloop", the daemon's own
+#: (``synnefo_ganeti/daemon/_loop.py``); tox's py312-fast env runs the fast tests on uvloop
+TEST_LOOP = os.environ.get("SYNNEFO_GANETI_TEST_LOOP", "asyncio")
+if TEST_LOOP not in ("asyncio", "uvloop"):
+    raise pytest.UsageError(f"SYNNEFO_GANETI_TEST_LOOP={TEST_LOOP!r}: use asyncio or uvloop")
+if TEST_LOOP == "uvloop":
+
+    def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, object]:
+        """Every async test's event loop is uvloop's (pytest-asyncio's hook, 1.4 and later)."""
+        import uvloop
+
+        return {"uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from synnefo_ganeti.cli._options import config_option, load_settings
 from synnefo_ganeti.cli._output import fail, stderr
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.console import Console
+from synnefo_ganeti.daemon import run_daemon
 from synnefo_ganeti.dispatch import Dispatcher
 from synnefo_ganeti.errors import ConfigError, GanetiError, StoreError
 
@@ -56,7 +57,8 @@ def dispatcher(config_file: Path, status_port: int | None, no_status: bool) -> N
         )
     daemon = _Daemon(settings, config_file, status=not no_status)
     try:
-        code = asyncio.run(daemon.serve())
+        # uvloop's loop unless [dispatcher] event_loop says otherwise (daemon/_loop.py)
+        code = run_daemon(daemon.serve(), settings.dispatcher.event_loop)
     except (ConfigError, StoreError) as exc:
         fail(str(exc), 1 if daemon.started else 2)
     except GanetiError as exc:

@@ -23,6 +23,7 @@ __all__ = [
     "BackendSettings",
     "DatabaseSettings",
     "DispatcherSettings",
+    "EventLoop",
     "NodePlacement",
     "OwnershipSettings",
     "ReconcileSettings",
@@ -35,6 +36,10 @@ DEFAULT_OWNERSHIP_TAG = "synnefo-ganeti:owned"
 
 Strategy = Literal["credits", "round_robin"]
 """The placement strategies of ``[dispatcher] strategy``."""
+
+EventLoop = Literal["auto", "uvloop", "asyncio"]
+"""The daemon's event loop (``[dispatcher] event_loop``): uvloop's where it can be imported
+(``auto``), uvloop's or fail (``uvloop``), or the standard library's (``asyncio``)."""
 
 NodePlacement = Literal["pnode", "opportunistic", "ganeti"]
 """Who chooses the node inside a backend (``[dispatcher] node_placement``): the dispatcher
@@ -346,6 +351,10 @@ class DispatcherSettings(_Section):
     #: the status server (/metrics, /healthz, /readyz); port 0 picks a free one, None: off
     status_host: str = "127.0.0.1"
     status_port: int | None = Field(default=9180, ge=0, le=65535)
+    #: the daemon's event loop: "auto" (uvloop where it can be imported, else asyncio's), "uvloop"
+    #: or "asyncio" (``synnefo_ganeti/daemon/_loop.py``); a Dispatcher built in a cloud API's
+    #: process runs on that process's loop, whatever this says
+    event_loop: EventLoop = "auto"
 
     @field_validator("webhook")
     @classmethod

@@ -61,7 +61,7 @@ from synnefo_ganeti._gc import gc_for_daemon
 from synnefo_ganeti._where import where
 from synnefo_ganeti.config import Settings
 from synnefo_ganeti.control._deletes import FOLLOW_EVERY, follow_deletes
-from synnefo_ganeti.daemon import StatusServer
+from synnefo_ganeti.daemon import StatusServer, loop_name
 from synnefo_ganeti.dispatch._amqp import AmqpPublisher
 from synnefo_ganeti.dispatch._base import DispatcherStats, _replace
 from synnefo_ganeti.dispatch._ends import OWN_ENDS_TASK
@@ -224,12 +224,13 @@ class Dispatcher(Submitter):
         if supervisor.healthy:
             self.notifier.ready(f"dispatching for {len(self._backends)} backends")
         log.info(
-            "dispatcher %s started: %d backends (%s), database %s%s",
+            "dispatcher %s started: %d backends (%s), database %s%s, event loop %s",
             self.id,
             len(self._backends),
             ", ".join(self._backends) or "none",
             store.display_url,
             f", status on {self.status.url}" if self.status is not None else "",
+            loop_name(),
         )
 
     def _root_task_failed(self, name: str, error: BaseException) -> None:

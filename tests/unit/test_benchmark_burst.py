@@ -29,6 +29,8 @@ def test_one_then_two_dispatchers_side_by_side(postgres_available: None) -> None
     for run in runs:
         assert run["offered_per_s"] is None and run["written_per_s"] > 0, run
         assert run["requests"] == 120 and run["lost"] == 0 and run["duplicates"] == 0, run
+        # the dispatchers run as ``synnefo-ganeti dispatcher`` does: on uvloop (event_loop = auto)
+        assert run["event_loop"].startswith("uvloop "), run
         cpu = run["cpu_ms_per_request"]
         assert set(cpu) == {"dispatchers", "api", "fake", "postgresql"}, cpu
         assert all(isinstance(cpu[k], float | int) and cpu[k] > 0 for k in ("dispatchers", "api", "fake")), (
@@ -50,16 +52,18 @@ def test_one_then_two_dispatchers_side_by_side(postgres_available: None) -> None
 
 @pytest.mark.timeout(300)
 def test_the_api_paced(postgres_available: None) -> None:
-    """``--rate``: request k is written no sooner than k / rate seconds after the first."""
+    """``--rate``: request k is written no sooner than k / rate seconds after the first; and
+    ``--dispatcher-loop asyncio``: the dispatchers on asyncio's own loop."""
     requests, rate = 60, 40.0
     done = subprocess.run(
         [sys.executable, "benchmarks/burst.py", "--requests", str(requests), "--dispatchers", "1",
-         "--rate", str(rate), "--history", "0"],
+         "--rate", str(rate), "--history", "0", "--dispatcher-loop", "asyncio"],
         capture_output=True, text=True, cwd=ROOT, timeout=280, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     (run,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert run["lost"] == 0 and run["duplicates"] == 0, run
     assert run["offered_per_s"] == rate
+    assert run["event_loop"] == "asyncio", run  # --dispatcher-loop: the standard library's loop
     # the last request came (requests - 1) / rate s after the first, at the earliest
     assert 0 < run["written_per_s"] <= round(rate * requests / (requests - 1), 1) + 0.1, run

@@ -65,9 +65,10 @@ def specs(count: int, prefix: str = "vm", **extra: Any) -> list[dict[str, Any]]:
 class Daemon:
     """``synnefo-ganeti dispatcher`` as a child process, its stderr collected line by line."""
 
-    def __init__(self, config: Path, *args: str) -> None:
+    def __init__(self, config: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.config = config
         self.args = args
+        self.env = env or {}
         self.lines: list[str] = []
         self.process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -77,7 +78,7 @@ class Daemon:
         self.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "synnefo_ganeti", "dispatcher", "--config", str(self.config), *self.args,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "COLUMNS": "200"},
+            env={**os.environ, "COLUMNS": "200", **self.env},
         )  # fmt: skip
         self._reader = asyncio.create_task(self._read())
         return self
@@ -147,6 +148,7 @@ async def test_dispatcher_process_submit_requests_reload_and_sigterm(tmp_path) -
             started = await daemon.wait_log(r"dispatcher \S+ started: 2 backends")
             status = re.search(r"status on (http://127\.0\.0\.1:\d+)", started)
             assert status, started
+            assert "event loop uvloop " in started, started  # [dispatcher] event_loop = auto
             async with aiohttp.ClientSession() as session, session.get(status.group(1) + "/healthz") as got:
                 assert got.status == 200
 
@@ -253,11 +255,14 @@ async def test_dispatcher_process_submit_requests_reload_and_sigterm(tmp_path) -
 @pytest.mark.slow
 async def test_dispatcher_sigint_stops_cleanly_and_no_status(tmp_path) -> None:
     async with FakeGaneti(tls=False) as a:
-        config = write_config(tmp_path / "config.toml", f"sqlite:///{tmp_path / 'd.db'}", {"a": a})
+        config = write_config(
+            tmp_path / "config.toml", f"sqlite:///{tmp_path / 'd.db'}", {"a": a}, 'event_loop = "asyncio"'
+        )
         daemon = await Daemon(config, "--no-status").start()
         try:
             line = await daemon.wait_log(r"dispatcher \S+ started: 1 backends")
             assert "status on" not in line
+            assert "event loop asyncio" in line, line  # [dispatcher] event_loop = "asyncio"
         except BaseException:
             await daemon.kill()
             raise
@@ -281,6 +286,19 @@ async def test_dispatcher_cannot_start_exits_2(tmp_path) -> None:
     daemon = await Daemon(no_folder).start()
     assert await daemon.stop(None) == 2, daemon.log
     assert "error:" in daemon.log and "does not exist" in daemon.log
+
+    # event_loop = "uvloop" where uvloop cannot be imported: says so, and how to go on
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "uvloop.py").write_text("raise ImportError('no uvloop on this machine')\n")
+    insists = write_config(
+        tmp_path / "uvloop.toml", f"sqlite:///{tmp_path / 'u.db'}", {}, 'event_loop = "uvloop"'
+    )
+    daemon = await Daemon(
+        insists, env={"PYTHONPATH": f"{hidden}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    ).start()
+    assert await daemon.stop(None) == 2, daemon.log
+    assert "uvloop cannot be imported" in daemon.log and "pip install uvloop" in daemon.log, daemon.log
 
 
 # ---------------------------------------------------------------------- submit and requests
