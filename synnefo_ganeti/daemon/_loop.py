@@ -1,16 +1,17 @@
-"""The daemons' event loop: uvloop's where it is installed, asyncio's otherwise (``[dispatcher] event_loop``).
+"""The daemon's event loop: uvloop's where it is installed, asyncio's otherwise (``[dispatcher] event_loop``).
 
-Why: a dispatcher's work is many small steps, each a few wake-ups of the loop (a socket read, a
-future resolved, a callback run) around a little of its own code, and asyncio's loop, written in
-Python, costs about a fifth of its CPU. uvloop (libuv, in C; asyncpg's authors') runs the same
-coroutines with the same API. Measured with ``benchmarks/burst.py`` (2,000 creates, two
-dispatchers on one PostgreSQL, alternating, docs/benchmarks.md): the dispatchers' CPU a request
-3.09 -> 2.43 ms, submitted a second 272 -> 344, the p99 of a job's end to the change feed 377 ->
-235 ms. The whole fast test suite passes on both loops (tox's py312-fast env runs it on uvloop).
+uvloop (libuv, in C; asyncpg's authors') runs the same coroutines with the same API; it is an
+optional extra of the package (``pip install 'synnefo-ganeti[uvloop]'``), as uvicorn has it.
+``auto`` (the default) takes uvloop when it can be imported and asyncio's loop otherwise;
+``uvloop`` insists on it (an error that says how to install it when it cannot be imported);
+``asyncio`` is the standard library's loop, always.
 
-``auto`` (the default) takes uvloop when it can be imported (a dependency of the package on
-Linux and macOS) and asyncio's loop otherwise; ``uvloop`` insists on it (an error that says how to
-install it, when it cannot be imported); ``asyncio`` is the standard library's loop, always.
+What it does, measured with ``benchmarks/burst.py --dispatcher-loop`` (docs/benchmarks.md,
+2026-12-01, seventeenth session): the CPU a request is the same within the runs' noise (the
+time asyncio's loop spends is mostly the system calls any loop makes); with two dispatchers the
+p99 of a job's end to the change feed was lower in 10 of 13 pairs of runs (389 -> 323 ms, mean),
+not in a second comparison against the code before. The whole fast test suite passes on both
+loops (tox's py312-fast env runs it on uvloop).
 
 Only the daemons' own entry points choose a loop: a cloud API that embeds the library runs it on
 whatever loop it runs itself.
@@ -53,7 +54,8 @@ def loop_factory(choice: EventLoop) -> LoopFactory:
     if choice == "uvloop":
         raise ConfigError(
             "[dispatcher] event_loop = 'uvloop', but uvloop cannot be imported: install it "
-            "(pip install uvloop) or set event_loop to 'auto' or 'asyncio'"
+            "(pip install 'synnefo-ganeti[uvloop]', or pip install uvloop) or set event_loop to "
+            "'auto' or 'asyncio'"
         )
     raise ConfigError(f"[dispatcher] event_loop = {choice!r}: use 'auto', 'uvloop' or 'asyncio'")
 
