@@ -57,7 +57,7 @@ def dispatcher(config_file: Path, status_port: int | None, no_status: bool) -> N
         )
     daemon = _Daemon(settings, config_file, status=not no_status)
     try:
-        # uvloop's loop unless [dispatcher] event_loop says otherwise (daemon/_loop.py)
+        # the loop [dispatcher] event_loop names: uvloop's where installed, by default (daemon/_loop.py)
         code = run_daemon(daemon.serve(), settings.dispatcher.event_loop)
     except (ConfigError, StoreError) as exc:
         fail(str(exc), 1 if daemon.started else 2)

@@ -128,24 +128,21 @@ def _change(row: Row[Any]) -> Change:
     )
 
 
+def _read_statement(upto: bool, limit: bool) -> Select[Any]:
+    """The changes above ``:after`` in id order (and up to ``:upto``; at most ``:limit``)."""
+    statement = select(changes_t).where(changes_t.c.id > bindparam("after", type_=BigInteger))
+    if upto:
+        statement = statement.where(changes_t.c.id <= bindparam("upto", type_=BigInteger))
+    statement = statement.order_by(changes_t.c.id)
+    return statement.limit(bindparam("limit", type_=Integer)) if limit else statement
+
+
 #: the feed's reads, built once (a follower reads hundreds of times a second in a burst, and
 #: building the statement each time was a twentieth of a cloud API's CPU there: issue 31), by
 #: (up to a horizon, with a limit)
-_READS: dict[tuple[bool, bool], Select[Any]] = {}
-
-
-def _read_statement(upto: bool, limit: bool) -> Select[Any]:
-    """The changes above ``:after`` in id order (and up to ``:upto``; at most ``:limit``)."""
-    statement = _READS.get((upto, limit))
-    if statement is None:
-        statement = select(changes_t).where(changes_t.c.id > bindparam("after", type_=BigInteger))
-        if upto:
-            statement = statement.where(changes_t.c.id <= bindparam("upto", type_=BigInteger))
-        statement = statement.order_by(changes_t.c.id)
-        if limit:
-            statement = statement.limit(bindparam("limit", type_=Integer))
-        _READS[(upto, limit)] = statement
-    return statement
+_READS: Final = {
+    (upto, limit): _read_statement(upto, limit) for upto in (False, True) for limit in (False, True)
+}
 
 
 #: how long :meth:`Changes.follow` waits, once woken, before it reads: every commit of every
@@ -222,7 +219,7 @@ class Changes:
                 params["upto"] = upto
             if limit is not None:
                 params["limit"] = limit
-            query = _read_statement(upto is not None, limit is not None)
+            query = _READS[(upto is not None, limit is not None)]
             return [_change(row) for row in (await conn.execute(query, params)).all()]
 
         return await self.db.read(run)
