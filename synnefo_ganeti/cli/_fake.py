@@ -97,6 +97,11 @@ def _host_entries(values: tuple[str, ...]) -> dict[str, str]:
     help="With --slow-submit: the create's job reaches the queue after this many seconds, whether "
     "or not the client still waits (default: when it is answered).",
 )  # fmt: skip
+@click.option(
+    "--slow-submit-queued-for", type=click.FloatRange(min=0), metavar="SECONDS",
+    help="With --slow-submit: the create's job stays listed but out of the scheduler this many seconds "
+    "more (luxid writing it to a dead master candidate): a cancel meanwhile is 'not found in queue'.",
+)  # fmt: skip
 @click.option("--no-tls", is_flag=True, help="Plain HTTP instead of HTTPS.")
 @click.option(
     "--tls-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
@@ -126,6 +131,7 @@ def fake_ganeti(
     rpc_timeout: float,
     slow_submit: float | None,
     slow_submit_job_after: float | None,
+    slow_submit_queued_for: float | None,
     no_tls: bool,
     tls_dir: Path | None,
     username: str,
@@ -135,8 +141,12 @@ def fake_ganeti(
     """Run a fake Ganeti (RAPI and job queue) in the foreground, until Ctrl-C or SIGTERM."""
     times = _op_times(op_times)
     hosts = _host_entries(host_entries)
-    if slow_submit_job_after is not None and slow_submit is None:
-        raise click.BadParameter("needs --slow-submit", param_hint="--slow-submit-job-after")
+    for given, hint in (
+        (slow_submit_job_after, "--slow-submit-job-after"),
+        (slow_submit_queued_for, "--slow-submit-queued-for"),
+    ):
+        if given is not None and slow_submit is None:
+            raise click.BadParameter("needs --slow-submit", param_hint=hint)
     if tls_dir is not None and no_tls:
         raise click.BadParameter("cannot be used with --no-tls", param_hint="--tls-dir")
     password = password_file.read_text().strip() if password_file is not None else None
@@ -157,7 +167,9 @@ def fake_ganeti(
             ) from None
         fake.rpc_timeout = rpc_timeout
         if slow_submit is not None:
-            fake.slow_submit(slow_submit, job_after=slow_submit_job_after)
+            fake.slow_submit(
+                slow_submit, job_after=slow_submit_job_after, queued_for=slow_submit_queued_for or 0.0
+            )
         try:
             # the signals first: a stop asked while the details are written stops it cleanly
             stop = asyncio.Event()

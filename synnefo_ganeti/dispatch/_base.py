@@ -31,10 +31,10 @@ from synnefo_ganeti.dispatch._leases import FollowLeases
 from synnefo_ganeti.dispatch._liveness import DispatcherLock, new_dispatcher_id
 from synnefo_ganeti.dispatch._tracker import JobTracker
 from synnefo_ganeti.dispatch._webhook import WebhookDeliverer
-from synnefo_ganeti.errors import GanetiError
+from synnefo_ganeti.errors import GanetiError, JobNotFoundError
 from synnefo_ganeti.health import HealthMonitor
 from synnefo_ganeti.jobs import JobStatus
-from synnefo_ganeti.rapi import RapiClient
+from synnefo_ganeti.rapi import CancelResult, RapiClient
 from synnefo_ganeti.reconcile import Report
 from synnefo_ganeti.store import InstanceStatus, Request, RequestStatus, Store
 from synnefo_ganeti.watch import QueueWatcher
@@ -45,6 +45,11 @@ log = logging.getLogger("synnefo_ganeti.dispatch")
 
 #: how long a backend that refused a create (503, unreachable, auth or TLS failure) is left out of placement
 REFUSING_SECONDS = 15.0
+#: a cancel Ganeti refused because its scheduler does not hold the job yet, which it lists
+#: "queued" (luxid writes a new job to every master candidate before it enqueues it: with one
+#: dead, a whole RPC timeout): sent again every NOT_ENQUEUED_PAUSE s, for up to NOT_ENQUEUED_WAIT s
+NOT_ENQUEUED_PAUSE = 1.0
+NOT_ENQUEUED_WAIT = 60.0
 
 
 @dataclass(slots=True)
@@ -58,6 +63,7 @@ class DispatcherStats:
     placement_retries: int = 0
     capacity_retries: int = 0  # creates that failed for lack of room, placed again
     moved: int = 0  # creates canceled while queued on a node that went down, placed again
+    stranded: int = 0  # creates Ganeti listed but never enqueued, placed again on their backend
     deletes_followed: int = 0  # deletes asked while a create or action ran, sent once it ended
     node_retries: int = 0  # creates that failed because of their node (down, offline), placed again
     ends_read: int = 0  # its creates' ends read from the store, where another dispatcher stored them
@@ -173,11 +179,48 @@ class DispatcherBase(BackendResources):
         self.stats.canceled += 1
         metrics.REQUESTS.labels("canceled").inc()
 
+    async def _cancel_queued(self, client: RapiClient, job_id: int) -> tuple[CancelResult, bool]:
+        """``DELETE /2/jobs/ID``, patient with a job Ganeti has written but not enqueued yet; returns
+        Ganeti's last answer and whether the job is stranded.
+
+        A create found in the job list after its POST's answer was lost (or answered late) may
+        still be on its way into luxid's scheduler: the cancel then answers "not found in queue"
+        while ``/2/jobs/ID`` shows it queued, and the job runs a moment later. Such a cancel is
+        sent again (:data:`NOT_ENQUEUED_PAUSE`, up to :data:`NOT_ENQUEUED_WAIT`) until Ganeti
+        answers otherwise; a job that ended, or that Ganeti does not know, is left to its end
+        (or to the reservation sweep, :mod:`._reservations`). One still listed queued and still
+        not in the scheduler after :data:`NOT_ENQUEUED_WAIT` is stranded: luxid wrote it and will
+        not run it until it restarts (the 3-node lab with a master candidate dead, 2026-12-01).
+        Raises :class:`GanetiError`."""
+        deadline = time.monotonic() + NOT_ENQUEUED_WAIT
+        result = await client.cancel_job(job_id)
+        while not result.success and result.not_in_queue and self._claiming:
+            try:
+                job = await client.get_job(job_id)
+            except JobNotFoundError:
+                return result, False  # unknown to Ganeti: lost (the reservation sweep settles its request)
+            if job.is_final:
+                return result, False  # ended: the queue's end settles its request
+            if job.status is JobStatus.QUEUED:
+                if time.monotonic() >= deadline:
+                    return result, True
+                log.info(
+                    "job %d is listed but not in Ganeti's scheduler yet; its cancel is sent again", job_id
+                )
+                await self._pause(NOT_ENQUEUED_PAUSE)
+            result = await client.cancel_job(job_id)
+        return result, False
+
+    async def _job_stranded(self, backend: str, node: str | None, job_id: int, request_id: str) -> bool:
+        """Ganeti lists ``job_id`` queued but will not run it (:meth:`_cancel_queued`): the request
+        is placed again, on that backend only (:class:`~._reservations.ReservationSweep`)."""
+        raise NotImplementedError
+
     async def _cancel_sent(self, request: Request, client: RapiClient) -> None:
         """A cancel asked for while the create was being sent: cancel its job if still queued."""
         assert request.job_id is not None
         try:
-            result = await client.cancel_job(request.job_id)
+            result, stranded = await self._cancel_queued(client, request.job_id)
         except GanetiError as exc:
             log.warning("request %s: cancel of job %d failed (%s)", request.id, request.job_id, exc)
             return
@@ -187,9 +230,12 @@ class DispatcherBase(BackendResources):
             )
             self.stats.canceled += 1
             metrics.REQUESTS.labels("canceled").inc()
+        elif stranded and request.backend is not None:
+            # never to run: back to be placed, where its cancel is honoured once Ganeti is asked
+            await self._job_stranded(request.backend, None, request.job_id, request.id)
         else:
             log.warning(
-                "request %s: canceled while its create was sent, but job %d runs already (%s)",
+                "request %s: canceled while its create was sent, but job %d was not canceled (%s)",
                 request.id,
                 request.job_id,
                 result.message,

@@ -13,7 +13,15 @@ a job that is queued or waiting for its locks) after writing on the request why
 (:meth:`~synnefo_ganeti.store.Store.mark_moving`): the canceled job's end then puts the request
 back to be placed (``store/requests/_settle.py``), where the user's cancel would have ended it. A job
 that already runs is left to end on its own (it fails naming the node, and the request is
-placed again the same way).
+placed again the same way). A job Ganeti lists but has not enqueued yet (a create found in the
+job list after its POST's answer was lost: with a node dead, luxid writes the job to every master
+candidate before it enqueues it) answers the cancel "not found in queue": the cancel is sent again
+until Ganeti enqueues it (:meth:`~._base.DispatcherBase._cancel_queued`). One still not enqueued
+after a minute is stranded: luxid wrote it and will not run it until it restarts (the 3-node lab,
+2026-12-01: job 207 stayed listed "queued" for good, and its request, left to wait for its end,
+kept a CI run waiting past its 240 s). Its request is placed again, on that backend only
+(:meth:`~._reservations.ReservationSweep._job_stranded`): Ganeti refuses a second instance of its
+name there, should the stranded job ever run.
 """
 
 from __future__ import annotations
@@ -78,8 +86,10 @@ class NodeMoves(BackendWiring):
             f"move {backend} job {job_id} off {left.node}",
         )
 
-    def _start_move(self, backend: str, node: str, why: str, only: int | None, name: str) -> None:
-        task = asyncio.create_task(self._move_off(backend, node, why, only=only), name=name)
+    def _start_move(
+        self, backend: str, node: str, why: str, only: int | None, name: str, *, reason: str | None = None
+    ) -> None:
+        task = asyncio.create_task(self._move_off(backend, node, why, only=only, reason=reason), name=name)
         self._moving_tasks.add(task)
         task.add_done_callback(self._moving_done)
 
@@ -111,13 +121,33 @@ class NodeMoves(BackendWiring):
         """(backend, job id) of the creates a move is canceling now (one move a create)."""
         return set()
 
-    async def _move_off(self, backend: str, node: str, why: str, *, only: int | None = None) -> int:
-        """Cancel the creates this dispatcher submitted on ``node`` (``only``: that job) that Ganeti
-        has not started; returns how many it canceled."""
+    def _probe_stranded(self, backend: str, job_id: int) -> None:
+        """A create of this dispatcher that Ganeti lists queued while a newer job has left the
+        queue (:meth:`~._reservations.ReservationSweep._lost_jobs`): luxid may never have enqueued
+        it. Its cancel tells: dequeued (Ganeti held it after all: placed again, as a move's), or
+        "not found in queue" for a minute (stranded: :meth:`_job_stranded`)."""
+        reservation = self._jobs.get((backend, job_id))
+        if not self._claiming or reservation is None:
+            return
+        node = reservation.node or "(Ganeti's choice)"
+        reason = (
+            f"job {job_id} stayed queued on {backend} while newer jobs started; asked whether Ganeti holds it"
+        )
+        if (backend, job_id) in self._moves_under_way:
+            return  # asked already
+        log.warning("%s (its cancel tells)", reason)
+        self._start_move(backend, node, reason, job_id, f"probe {backend} job {job_id}", reason=reason)
+
+    async def _move_off(
+        self, backend: str, node: str, why: str, *, only: int | None = None, reason: str | None = None
+    ) -> int:
+        """Cancel the creates this dispatcher submitted on ``node`` (``only``: that job, wherever it
+        is) that Ganeti has not started; returns how many it canceled. ``reason``: what the request
+        is told (default: that ``node`` left placement, and ``why``)."""
         placed = [
             (job_id, self._job_requests.get((name, job_id)))
             for (name, job_id), reservation in list(self._jobs.items())
-            if name == backend and node in reservation.nodes and (only is None or job_id == only)
+            if name == backend and (job_id == only if only is not None else node in reservation.nodes)
         ]
         if not placed or backend not in self._backends:
             return 0
@@ -129,7 +159,7 @@ class NodeMoves(BackendWiring):
                 continue  # (moved already, or being moved: by its node's move or its late answer's)
             self._moves_under_way.add(key)
             try:
-                moved += await self._move_one(client, backend, node, job_id, request_id, why)
+                moved += await self._move_one(client, backend, node, job_id, request_id, why, reason)
             finally:
                 self._moves_under_way.discard(key)
         if moved:
@@ -137,17 +167,24 @@ class NodeMoves(BackendWiring):
         return moved
 
     async def _move_one(
-        self, client: RapiClient, backend: str, node: str, job_id: int, request_id: str, why: str
+        self,
+        client: RapiClient,
+        backend: str,
+        node: str,
+        job_id: int,
+        request_id: str,
+        why: str,
+        reason: str | None = None,
     ) -> int:
         """Cancel one create queued on ``node``, noted on its request first; 1 if Ganeti canceled it."""
-        reason = f"node {node} of {backend} left placement ({why})"
+        reason = reason or f"node {node} of {backend} left placement ({why})"
         try:
             # first the note, then the cancel: the canceled job's end may be stored at once
             if not await self._note_moving(request_id, job_id, backend, node, reason):
                 return 0  # its job ended meanwhile
             self._moved_jobs.add((backend, job_id))
             try:
-                result = await client.cancel_job(job_id)
+                result, stranded = await self._cancel_queued(client, job_id)
             except GanetiError:
                 self._moved_jobs.discard((backend, job_id))
                 await self.store.unmark_moving(request_id, job_id)
@@ -155,6 +192,9 @@ class NodeMoves(BackendWiring):
             if not result.success:
                 self._moved_jobs.discard((backend, job_id))
                 await self.store.unmark_moving(request_id, job_id)
+                if stranded:  # (counted apart: DispatcherStats.stranded)
+                    await self._job_stranded(backend, node, job_id, request_id)
+                    return 0
         except GanetiError as exc:
             log.warning(
                 "request %s: job %d on %s not canceled (%s); it ends on its own",
@@ -166,7 +206,7 @@ class NodeMoves(BackendWiring):
             return 0
         if not result.success:
             log.info(
-                "request %s: job %d on %s runs already (%s); it ends on its own",
+                "request %s: job %d on %s not canceled (%s); it ends on its own",
                 request_id,
                 job_id,
                 node,

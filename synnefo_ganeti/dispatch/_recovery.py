@@ -21,6 +21,7 @@ from synnefo_ganeti.store import (
     is_job_death_error,
     is_name_taken_error,
     request_tag,
+    stranded_jobs,
 )
 
 __all__ = ["Recovery"]
@@ -186,6 +187,8 @@ class Recovery(NodeMoves):
         and the request's outcome is the first's) nor a job whose process Ganeti lost (its master
         died: its instance, if any, is found by its tag); None: no such job."""
         jobs = (await self._jobs_by_reason(name, client, since)).get(f"{REASON_PREFIX}{request.id}", [])
+        stranded = stranded_jobs(request.attempt_errors, name)  # listed, never to run: not its job
+        jobs = [(job_id, status) for job_id, status in jobs if job_id not in stranded]
         for job_id, status in jobs:
             if status is not JobStatus.ERROR:
                 return job_id

@@ -17,7 +17,13 @@ the request reads as still placed, and its running create's room must not be giv
   the listing lacks, which also reads the archive); a job Ganeti does not know is lost: the
   reservation is given back and the request goes back to "placed" (``Store.job_lost``), where
   the dispatcher asks Ganeti for a job carrying its id or an instance carrying its tag before it
-  places it again (:meth:`~synnefo_ganeti.dispatch._recovery.Recovery._recover`).
+  places it again (:meth:`~synnefo_ganeti.dispatch._recovery.Recovery._recover`);
+* a job Ganeti lists still queued while a newer one has left the queue (Ganeti schedules the
+  jobs of one priority in id order) may be one luxid wrote and never enqueued (the 3-node lab
+  with a master candidate dead: job 207 stayed so for good). Unless a job filter rule on the
+  backend may hold it on purpose, its cancel asks (:meth:`~._moves.NodeMoves._probe_stranded`):
+  dequeued, the request is placed again as a move's; "not found in queue" for a minute, it is
+  stranded (:meth:`ReservationSweep._job_stranded`).
 
 Each one given back is logged and counted (``synnefo_ganeti_reservations_reclaimed_total``).
 """
@@ -32,6 +38,8 @@ from synnefo_ganeti import metrics
 from synnefo_ganeti.dispatch._recovery import Recovery
 from synnefo_ganeti.dispatch._room import RoomQueue
 from synnefo_ganeti.errors import GanetiError, JobNotFoundError
+from synnefo_ganeti.jobs import JobStatus
+from synnefo_ganeti.rapi import RapiClient
 
 __all__ = ["LOST_AFTER", "LOST_CHECK", "SWEEP_AFTER", "SWEEP_INTERVAL", "ReservationSweep"]
 
@@ -116,10 +124,19 @@ class ReservationSweep(Recovery):
         their reservations given back, their requests placed (asked about) again."""
         try:
             client = await self.client(backend)
-            listed = {job.id for job in await client.list_jobs()}
+            listed = {job.id: job.status for job in await client.list_jobs()}
         except GanetiError as exc:
             log.info("backend %s: its jobs not listed (%s); lost jobs looked for later", backend, exc)
             return 0
+        # the newest job that left the queue: one of ours older than it, still queued, may be
+        # one luxid never enqueued (stranded): its cancel tells, unless a filter rule holds jobs
+        newest_started = max(
+            (job for job, status in listed.items() if status is not JobStatus.QUEUED), default=0
+        )
+        overtaken = [job for job, _ in jobs if listed.get(job) is JobStatus.QUEUED and job < newest_started]
+        if overtaken and not await self._filtered(backend, client):
+            for job_id in overtaken:
+                self._probe_stranded(backend, job_id)
         given_back = 0
         for job_id, request_id in jobs:
             if job_id in listed:
@@ -142,3 +159,37 @@ class ReservationSweep(Recovery):
                 given_back += 1
             log.error("request %s: %s", request_id, error)
         return given_back
+
+    async def _filtered(self, backend: str, client: RapiClient) -> bool:
+        """Whether ``backend`` has job filter rules (one may hold a create queued on purpose, while
+        newer jobs start); True also when they cannot be read."""
+        try:
+            return bool(await client.list_filters())
+        except GanetiError as exc:
+            log.info(
+                "backend %s: its filter rules not read (%s); queued creates asked about later", backend, exc
+            )
+            return True
+
+    async def _job_stranded(self, backend: str, node: str | None, job_id: int, request_id: str) -> bool:
+        """Ganeti lists the create ``job_id`` queued, but its scheduler does not hold it and will
+        not run it until luxid restarts (:meth:`~._base.DispatcherBase._cancel_queued`): its
+        reservation is given back and the request placed again, on ``backend`` only (Ganeti refuses
+        a second instance of its name, should the stranded job run one day), that job passed over
+        when Ganeti is asked about the request (``Store.job_lost(stranded=...)``). False: the
+        request waits on that job no more."""
+        error = (
+            f"job {job_id} is stranded on backend {backend}: Ganeti lists it queued, but its scheduler does "
+            "not hold it (luxid wrote it and never enqueued it, as with a master candidate dead; it would run "
+            f"only when ganeti-luxid restarts); placing the request again, on {backend} only, where Ganeti "
+            "refuses a second instance of its name"
+        )
+        if not await self.store.job_lost(request_id, job_id, error=error, stranded=(backend, node)):
+            return False
+        self.stats.stranded += 1
+        if self._give_back((backend, job_id)):
+            metrics.RESERVATIONS_RECLAIMED.inc()
+            self._wake.set()
+            self._room.free(1)
+        log.error("request %s: %s", request_id, error)
+        return True

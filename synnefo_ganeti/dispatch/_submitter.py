@@ -37,6 +37,7 @@ from synnefo_ganeti.store import (
     RequestNotHeldError,
     RequestStatus,
     request_tag,
+    stranded_backend,
 )
 
 __all__ = ["Submitter"]
@@ -415,7 +416,8 @@ class Submitter(JobEnds):
         return True
 
     def _reserve(self, request: Request, spec: InstanceSpec) -> Reservation:
-        wanted = request.want_backend
+        # a create of it stranded on a backend: there only (Ganeti refuses its name twice there)
+        wanted = request.want_backend or stranded_backend(request.attempt_errors)
         if wanted is not None and wanted not in self._backends:
             raise NoCapacityError(
                 Requirement.of(spec), {wanted: "not a backend of this dispatcher's configuration"}

@@ -86,6 +86,18 @@ class CancelResult(NamedTuple):
     success: bool
     message: str
 
+    @property
+    def not_in_queue(self) -> bool:
+        """Refused because Ganeti's scheduler holds the job neither queued nor running: it ended,
+        or luxid is still writing it to the master candidates (listed "queued", enqueued next),
+        or Ganeti does not know it (3.x's "Job N not found in queue", ``JQScheduler.rmJob``;
+        2.x's "Job N not found")."""
+        return (
+            not self.success
+            and self.message.startswith("Job ")
+            and (self.message.endswith(" not found in queue") or self.message.endswith(" not found"))
+        )
+
 
 class InstanceSpec(BaseModel):
     """What to create: the parameters of ``POST /2/instances`` (request version 1).

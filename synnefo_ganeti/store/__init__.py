@@ -51,6 +51,8 @@ from synnefo_ganeti.store.requests._settle import (
     is_capacity_error,
     is_job_death_error,
     is_name_taken_error,
+    stranded_backend,
+    stranded_jobs,
 )
 
 __all__ = [
@@ -100,6 +102,8 @@ __all__ = [
     "record_observed",
     "request_tag",
     "store_observed",
+    "stranded_backend",
+    "stranded_jobs",
     "upgrade",
     "upgrade_database",
 ]

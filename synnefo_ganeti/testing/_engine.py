@@ -21,8 +21,9 @@ Design, and why:
   ``exec_timestamp``), the others after ``running``. A failed op fails the ops
   after it with ``["OpExecError", ["Preceding opcode failed"]]``.
 * Every state change is written to the queue directory as Ganeti writes it (see
-  :mod:`._queue`): three luxid versions on submit, then the executor's versions
-  (waiting, running, one per log line, final); a cancel is luxid's.
+  :mod:`._queue`): three luxid versions on submit (the last two once luxid enqueues it:
+  :data:`ENQUEUE_AFTER`), then the executor's versions (waiting, running, one per log line,
+  final); a cancel is luxid's (``CancelJob``: dequeued, told, or "not found in queue").
 * Every change also wakes ``/2/jobs/ID/wait`` long-polls (one event per job).
 * What an op does is its handler's, found in the registry (:mod:`._registry`) by
   ``OP_ID``: instance ops in :mod:`._ops_create` and :mod:`._ops_instances`, the others in :mod:`._ops_cluster`;
@@ -32,6 +33,7 @@ Design, and why:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import random
 import time
@@ -40,7 +42,6 @@ from typing import Any
 
 from synnefo_ganeti.jobs import JobStatus
 from synnefo_ganeti.testing import (
-    _opcodes,
     _ops_cluster,
     _ops_create,
     _ops_disks,
@@ -53,13 +54,21 @@ from synnefo_ganeti.testing import (
 )
 from synnefo_ganeti.testing._cluster import FakeInstance, FakeNode, OpFailure, instance_view, node_view
 from synnefo_ganeti.testing._filtering import select_jobs
-from synnefo_ganeti.testing._jobs import FakeJob, FakeOp, now_ts
+from synnefo_ganeti.testing._jobs import FakeJob, FakeOp, new_job, now_ts
 from synnefo_ganeti.testing._locks import LockManager, Request
 from synnefo_ganeti.testing._model import ClusterModel
 from synnefo_ganeti.testing._queue import QueueDir
 from synnefo_ganeti.testing._registry import LOCKS, OPCODES
 
-__all__ = ["DEFAULT_OP_TIMES", "FakeCluster", "FakeJob", "FakeOp"]
+__all__ = ["DEFAULT_OP_TIMES", "ENQUEUE_AFTER", "FakeCluster", "FakeJob", "FakeOp"]
+
+#: seconds a job submitted in this context stays written to the queue (listed, "queued") before
+#: it joins luxid's scheduler: luxid writes a new job to every master candidate before it enqueues
+#: it, and waits on a dead one's RPC timeout (``writeAndReplicateJob``); a cancel meanwhile is
+#: "not found in queue" (:class:`~._slow.SlowSubmit`'s ``queued_for``)
+ENQUEUE_AFTER: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "fake_ganeti_enqueue_after", default=0.0
+)
 
 _BEPARAMS_DEFAULTS = _ops_create.BEPARAMS_DEFAULTS  # the name benchmarks/reconcile.py imports
 _HANDLER_MODULES = (_ops_cluster, _ops_create, _ops_instances, _ops_disks, _ops_groups, _ops_moves, _ops_networks,
@@ -136,6 +145,7 @@ class FakeCluster:
         self._serial = itertools.count(1 + (queue.last_serial if queue is not None else 0))
         self._pending: list[FakeJob] = []
         self._running: set[int] = set()
+        self._held: dict[int, asyncio.TimerHandle] = {}  # submitted, not yet enqueued (ENQUEUE_AFTER)
         self._tasks: set[asyncio.Task[None]] = set()
         self.locks = LockManager(
             lambda level: list(self.nodes) if level != "instance" else list(self.instances)
@@ -203,44 +213,43 @@ class FakeCluster:
         if self._closed:
             raise RuntimeError("the fake cluster is shut down")
         job_id = next(self._serial)
-        received = now_ts()
-        ns = time.time_ns()
-        fake_ops: list[FakeOp] = []
-        for index, (op_id, params) in enumerate(ops):
-            reason: list[Any] = []
-            if user_reason is not None:
-                reason.append(["gnt:user", user_reason, ns])
-            if parent_reason is not None:
-                reason.extend(list(entry) for entry in parent_reason)
-            elif client is not None:
-                reason.append([f"gnt:client:{client[0]}", client[1], ns])
-            elif library_reason:  # not for ops a resource builds itself (rlib2's reinstall)
-                reason.append([f"gnt:library:rlib2:{resource}", "", ns])
-            snake = op_id.removeprefix("OP_").lower()
-            reason.append([f"gnt:opcode:{snake}", f"job={job_id};index={index}", ns + 3000])
-            luxid = _opcodes.luxid_input(
-                op_id, params, reason, dry_run=dry_run, cli=client is not None, version=self.model.version
-            )
-            fake_ops.append(FakeOp(luxid=luxid))
-        job = FakeJob(id=job_id, ops=fake_ops, received_timestamp=received)
+        job = new_job(
+            job_id, ops, resource=resource, client=client, dry_run=dry_run, user_reason=user_reason,
+            library_reason=library_reason, parent_reason=parent_reason, version=self.model.version,
+        )  # fmt: skip
         self.jobs[job_id] = job
         if self.queue is not None:
             self.queue.write_serial(job_id)
             self.queue.write_job(job_id, job.luxid_file(), luxid=True)
-            job.livelock = f"/var/run/ganeti/livelocks/luxi-daemon_{self._boot}"
-            self.queue.write_job(job_id, job.luxid_file(), luxid=True)
-            job.livelock = f"/var/run/ganeti/livelocks/job_{job_id:06d}_{int(time.time())}"
-            self.queue.write_job(job_id, job.luxid_file(), luxid=True)
+        hold = ENQUEUE_AFTER.get()
+        if hold > 0:  # written and listed, not yet in the scheduler (luxid replicating it)
+            self._held[job_id] = asyncio.get_running_loop().call_later(hold, self._enqueue, job)
         else:
-            job.livelock = f"/var/run/ganeti/livelocks/job_{job_id:06d}_{int(time.time())}"
-        self._pending.append(job)
-        self._schedule()
+            self._enqueue(job)
         return job_id
 
+    def _enqueue(self, job: FakeJob) -> None:
+        """``enqueueNewJobs``: the job joins the scheduler's queue (its two livelock writes)."""
+        self._held.pop(job.id, None)
+        if self._closed:
+            return
+        if self.queue is not None:
+            job.livelock = f"/var/run/ganeti/livelocks/luxi-daemon_{self._boot}"
+            self.queue.write_job(job.id, job.luxid_file(), luxid=True)
+        job.livelock = f"/var/run/ganeti/livelocks/job_{job.id:06d}_{int(time.time())}"
+        if self.queue is not None:
+            self.queue.write_job(job.id, job.luxid_file(), luxid=True)
+        self._pending.append(job)
+        self._schedule()
+
     def cancel(self, job_id: int) -> tuple[bool, str]:
-        """Ganeti's cancel: a queued (or lock-waiting) job is canceled, a running or ended one not."""
+        """luxid's ``CancelJob`` (``Query/Server.hs``, 3.0): a job in its scheduler's queue is
+        dequeued; one handed over to execution is told to cancel, which a job still waiting for
+        its locks does (Ganeti answers once it has; the fake at once) and a running one does
+        not; a job the scheduler holds neither queued nor running (ended, still being written to
+        the master candidates, or unknown) is "not found in queue" (``JQScheduler.rmJob``)."""
         job = self.jobs.get(job_id)
-        if job is None or job.archived:
+        if job is None or (job not in self._pending and job_id not in self._running):
             return False, f"Job {job_id} not found in queue"
         if job in self._pending:
             self._pending.remove(job)
@@ -253,10 +262,10 @@ class FakeCluster:
             self._write(job, luxid=True)
             self._finished(job)
             return True, f"Dequeued job {job_id}"
-        if job.status is JobStatus.WAITING and not job.cancel_requested:
-            job.cancel_requested = True
-            return True, f"Job {job_id} will be canceled"
-        return False, f"Job {job_id} is no longer waiting in the queue"
+        if job.status in (JobStatus.QUEUED, JobStatus.WAITING):
+            job.cancel_requested = True  # (it ends canceled at its next look: _acquire)
+            return True, "Job successfully cancelled"
+        return False, "Job no longer waiting, can't cancel (informed it anyway)"
 
     async def kill(self, job_id: int) -> bool:
         """The job's process dies mid-way (its master died) and a luxid fails it as Ganeti 3.0's
@@ -491,6 +500,9 @@ class FakeCluster:
 
     async def aclose(self) -> None:
         self._closed = True
+        for handle in self._held.values():
+            handle.cancel()
+        self._held.clear()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

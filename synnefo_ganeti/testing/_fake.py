@@ -266,17 +266,20 @@ class FakeGaneti:
 
     def slow_submit(
         self, answer_after: float, *, job_after: float | None = None, method: str | None = "POST",
-        path: str | None = "/2/instances", times: int | None = None,
+        path: str | None = "/2/instances", times: int | None = None, queued_for: float = 0.0,
     ) -> SlowSubmit:  # fmt: skip
         """Make matching writes slow as a busy ganeti-rapi: the job reaches the queue (and
         ``/2/jobs``) ``job_after`` seconds after the request (default ``answer_after``) whether the
         client still waits or not, and the answer comes ``answer_after`` seconds after it (never
         before the job exists). Default: creates (``POST /2/instances``); ``method=None`` with
         ``path=None``: every POST, PUT and DELETE; ``path`` is a glob. ``times`` bounds how many
-        requests it slows (default: until :meth:`clear_slow_submits`)."""
+        requests it slows (default: until :meth:`clear_slow_submits`). ``queued_for``: seconds the
+        job stays written and listed ("queued") before luxid's scheduler takes it (luxid writing it
+        to a dead master candidate): a cancel meanwhile is "not found in queue", as Ganeti's is;
+        the answer comes after it."""
         rule = SlowSubmit(
             answer_after=answer_after, job_after=answer_after if job_after is None else job_after,
-            method=method, path=path, times=times,
+            method=method, path=path, times=times, queued_for=queued_for,
         )  # fmt: skip
         self.rapi.slow.rules.append(rule)
         return rule

@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from synnefo_ganeti.jobs import JobStatus, calc_job_status
 from synnefo_ganeti.testing import _opcodes
 
-__all__ = ["FakeJob", "FakeOp", "Timestamp", "now_ts"]
+if TYPE_CHECKING:
+    from synnefo_ganeti.testing._versions import VersionProfile
+
+__all__ = ["FakeJob", "FakeOp", "Timestamp", "new_job", "now_ts"]
 
 Timestamp = list[int]
 
@@ -161,3 +164,40 @@ class FakeJob:
 
     def log_since(self, serial: int) -> list[list[Any]]:
         return sorted((entry for op in self.ops for entry in op.log if entry[0] > serial), key=lambda e: e[0])
+
+
+def new_job(
+    job_id: int,
+    ops: list[tuple[str, dict[str, Any]]],
+    *,
+    resource: str | None,
+    client: tuple[str, str] | None,
+    dry_run: bool,
+    user_reason: str | None,
+    library_reason: bool,
+    parent_reason: list[Any] | None,
+    version: VersionProfile,
+) -> FakeJob:
+    """A new job of ``(OP_ID, params)`` ops as luxid makes it: each op's input with its reason
+    trail (the user's reason, then the parent op's trail, the gnt-* client or rlib2's entry, then
+    the opcode's own), received now (see :meth:`~._engine.FakeCluster.submit`)."""
+    received = now_ts()
+    ns = time.time_ns()
+    fake_ops: list[FakeOp] = []
+    for index, (op_id, params) in enumerate(ops):
+        reason: list[Any] = []
+        if user_reason is not None:
+            reason.append(["gnt:user", user_reason, ns])
+        if parent_reason is not None:
+            reason.extend(list(entry) for entry in parent_reason)
+        elif client is not None:
+            reason.append([f"gnt:client:{client[0]}", client[1], ns])
+        elif library_reason:  # not for ops a resource builds itself (rlib2's reinstall)
+            reason.append([f"gnt:library:rlib2:{resource}", "", ns])
+        snake = op_id.removeprefix("OP_").lower()
+        reason.append([f"gnt:opcode:{snake}", f"job={job_id};index={index}", ns + 3000])
+        luxid = _opcodes.luxid_input(
+            op_id, params, reason, dry_run=dry_run, cli=client is not None, version=version
+        )
+        fake_ops.append(FakeOp(luxid=luxid))
+    return FakeJob(id=job_id, ops=fake_ops, received_timestamp=received)

@@ -267,6 +267,7 @@ class RapiApp:
             rule = SlowSubmit(
                 answer_after=answer_after, job_after=job_after, method=body.get("method", "POST"),
                 path=body.get("path", "/2/instances"), times=int(times) if times is not None else None,
+                queued_for=float(body.get("queued_for", 0.0)),
             )  # fmt: skip
         except (TypeError, ValueError) as exc:
             raise HTTPError(400, f"bad slow submit: {exc}") from None

@@ -7,7 +7,11 @@ a create POST, and six POSTed at once were answered one after the other, after 5
 timeout; tests/fixtures/ganeti-3.0-nodefail). ganeti-rapi forks a child per connection
 (``http/server.py``, ``HttpServer``), which hands the job to luxid and answers its id: a POST
 whose client gave up after 2 s still became a job (its create ran and succeeded). So a
-client's timeout never means "not sent".
+client's timeout never means "not sent". Nor is the job, once listed, in luxid's scheduler
+yet: luxid writes it to its own disk first (``/2/jobs`` lists it "queued"), then to every
+master candidate, and only then enqueues it. On the lab with a node crashed, a create whose
+POST timed out was found in the job list, and its cancel a moment later answered "Job N not
+found in queue" (``tests/integration/test_node_crash_real.py``, 2026-12-01): ``queued_for``.
 
 Design: the request's body is read at once (ganeti-rapi reads it before asking luxid); the
 rest of the pipeline (authentication, faults, the handler that submits the job) runs in a
@@ -27,6 +31,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from synnefo_ganeti.testing._engine import ENQUEUE_AFTER
+
 __all__ = ["SlowSubmit", "SlowSubmits"]
 
 
@@ -40,14 +46,18 @@ class SlowSubmit:
     answer_after: float
     job_after: float
     method: str | None = "POST"
+    #: seconds the job stays written (listed, "queued") before luxid's scheduler takes it, the
+    #: answer never before (:data:`~._engine.ENQUEUE_AFTER`)
+    queued_for: float = 0.0
     path: str | None = "/2/instances"
     times: int | None = None
     hits: int = 0
 
     def __post_init__(self) -> None:
-        if self.answer_after < 0 or self.job_after < 0:
+        if self.answer_after < 0 or self.job_after < 0 or self.queued_for < 0:
             raise ValueError(
-                f"answer_after and job_after must be >= 0 seconds, not {self.answer_after}, {self.job_after}"
+                "answer_after, job_after and queued_for must be >= 0 seconds, not "
+                f"{self.answer_after}, {self.job_after}, {self.queued_for}"
             )
 
     def matches(self, request: web.Request) -> bool:
@@ -90,10 +100,14 @@ class SlowSubmits:
         loop = asyncio.get_running_loop()
         await request.read()  # the whole body now: the handler reads it later, the client maybe gone
 
-        async def submit() -> web.StreamResponse:
+        async def submit() -> web.StreamResponse:  # (a task: its context is its own)
             await asyncio.sleep(max(0.0, accepted + rule.job_after - loop.time()))
-            response = await answer()
-            await asyncio.sleep(max(0.0, accepted + rule.answer_after - loop.time()))
+            ENQUEUE_AFTER.set(rule.queued_for)
+            response = await answer()  # (the job is written meanwhile; it is enqueued queued_for later)
+            enqueued = loop.time() + rule.queued_for
+            await asyncio.sleep(max(0.0, accepted + rule.answer_after - loop.time(), enqueued - loop.time()))
+            if rule.queued_for:
+                await asyncio.sleep(0)  # the enqueue's timer, due no later, runs first
             return response
 
         task = loop.create_task(submit(), name=f"fake-ganeti-slow-submit {request.method} {request.path}")

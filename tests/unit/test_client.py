@@ -10,6 +10,7 @@ from aiohttp import web
 
 from synnefo_ganeti import (
     BadRequestError,
+    CancelResult,
     CreateOutcomeUnknownError,
     GanetiError,
     JobNotFoundError,
@@ -294,7 +295,7 @@ async def test_calls_and_paths() -> None:
             assert await rapi.reboot_instance("vm 1", reboot_type="hard") == 14
             assert await rapi.modify_instance("vm 1", beparams={"memory": 256}) == 15
             cancel = await rapi.cancel_job(22)
-            assert cancel.success and cancel.message == "Dequeued job 22"
+            assert cancel.success and cancel.message == "Dequeued job 22" and not cancel.not_in_queue
             with pytest.raises(GanetiError, match="at least one parameter"):
                 await rapi.modify_instance("vm 1")
     assert [s.path for s in stub.seen].count("/2/features") == 1  # cached
@@ -303,3 +304,19 @@ async def test_calls_and_paths() -> None:
     modify = next(s for s in stub.seen if s.path.endswith("/modify"))
     assert orjson.loads(modify.body) == {"beparams": {"memory": 256}, "hotplug": False}  # always explicit
     assert all(s.path != "/2/features" or s.method == "GET" for s in stub.seen)
+
+
+@pytest.mark.parametrize(
+    ("answer", "not_in_queue"),
+    [
+        ((False, "Job 51 not found in queue"), True),  # Ganeti 3.x (JQScheduler.rmJob)
+        ((False, "Job 51 not found"), True),  # Ganeti 2.x (jqueue._ModifyJobUnlocked)
+        ((False, "Job no longer waiting, can't cancel (informed it anyway)"), False),
+        ((False, "Job exited before it could have been canceled, status JOB_STATUS_ERROR"), False),
+        ((True, "Dequeued job 51"), False),
+    ],
+)
+def test_a_cancel_tells_a_job_ganetis_scheduler_does_not_hold(
+    answer: tuple[bool, str], not_in_queue: bool
+) -> None:
+    assert CancelResult(*answer).not_in_queue is not_in_queue

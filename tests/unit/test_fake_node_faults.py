@@ -458,6 +458,33 @@ async def test_a_slow_submit_answers_the_job_id_once_the_job_exists() -> None:
             fake.slow_submit(-1.0)
 
 
+async def test_a_job_written_but_not_yet_enqueued_is_listed_and_not_found_by_a_cancel() -> None:
+    """luxid writes a new job to its disk, then to every master candidate, and only then hands it
+    to its scheduler (``writeAndReplicateJob``, then ``enqueueNewJobs``): meanwhile the job is
+    listed "queued" and a cancel answers "Job N not found in queue" (the 3-node lab with a node
+    crashed, 2026-12-01); it runs once enqueued, and the POST is answered no sooner."""
+    async with FakeGaneti(nodes=3, tls=False, op_times=QUICK) as fake, session_for(fake) as session:
+        rapi = Rapi(fake, session)
+        rule = fake.slow_submit(0.0, job_after=0.0, queued_for=0.6)
+        body = {"__version__": 1, "name": "held.ganeti.test", "mode": "create", "disk_template": "diskless",
+                "disks": [], "nics": [{}], "os": "noop", "name_check": False, "ip_check": False}  # fmt: skip
+        post = asyncio.create_task(rapi.call("POST", "/2/instances", body))
+        await eventually(lambda: len(fake.cluster._held) == 1, what="the job written, not enqueued")
+        (job_id,) = fake.cluster._held
+        assert (await rapi.get(f"/2/jobs/{job_id}"))["status"] == "queued"
+        assert job_id in [job["id"] for job in await rapi.get("/2/jobs")]
+        assert not post.done()  # luxid answers once the job is enqueued
+        assert await rapi.call("DELETE", f"/2/jobs/{job_id}") == (
+            200,
+            [False, f"Job {job_id} not found in queue"],
+        )
+        assert await post == (200, job_id)
+        assert not fake.cluster._held and rule.hits == 1
+        await eventually(lambda: "held.ganeti.test" in fake.cluster.instances, what="the create to run")
+        with pytest.raises(ValueError, match="queued_for"):
+            fake.slow_submit(0.0, queued_for=-1.0)
+
+
 async def test_slow_submits_over_http_and_a_stop_ends_those_held_back() -> None:
     fake = FakeGaneti(nodes=3, tls=False, op_times=QUICK)
     await fake.start()
@@ -485,7 +512,17 @@ async def test_slow_submits_over_http_and_a_stop_ends_those_held_back() -> None:
 def test_the_command_line_takes_the_new_knobs(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["fake-ganeti", "--slow-submit-job-after", "2"])
     assert result.exit_code == 2 and "needs --slow-submit" in result.output
+    result = CliRunner().invoke(main, ["fake-ganeti", "--slow-submit-queued-for", "2"])
+    assert (
+        result.exit_code == 2
+        and "needs --slow-submit" in result.output
+        and "--slow-submit-queued-for" in result.output
+    )
     result = CliRunner().invoke(main, ["fake-ganeti", "--rpc-timeout", "-1"])
     assert result.exit_code == 2
     help_text = CliRunner().invoke(main, ["fake-ganeti", "--help"]).output
-    assert "--slow-submit" in help_text and "--rpc-timeout" in help_text
+    assert (
+        "--slow-submit" in help_text
+        and "--rpc-timeout" in help_text
+        and "--slow-submit-queued-for" in help_text
+    )

@@ -307,8 +307,12 @@ class Requests:
 
         return await self.writer.call(run)
 
-    async def job_lost(self, request_id: str, job_id: int, *, error: str) -> bool:
-        return await self.writer.call(lambda conn: _settle.job_lost(conn, request_id, job_id, error=error))
+    async def job_lost(
+        self, request_id: str, job_id: int, *, error: str, stranded: tuple[str, str | None] | None = None
+    ) -> bool:
+        return await self.writer.call(
+            lambda conn: _settle.job_lost(conn, request_id, job_id, error=error, stranded=stranded)
+        )
 
     async def unmark_moving(self, request_id: str, job_id: int) -> bool:
         return await self.writer.call(lambda conn: _settle.unmark_moving(conn, request_id, job_id))

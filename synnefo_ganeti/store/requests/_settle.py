@@ -11,7 +11,7 @@ it failed (it knows the setting; this transaction may run in any process).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,6 +42,8 @@ __all__ = [
     "settle_by_instance",
     "settle_job",
     "settle_requests",
+    "stranded_backend",
+    "stranded_jobs",
 ]
 
 
@@ -299,14 +301,32 @@ def mark_moving(conn: Connection, request_id: str, job_id: int, *, backend: str,
     return True
 
 
-def job_lost(conn: Connection, request_id: str, job_id: int, *, error: str) -> bool:
+def job_lost(
+    conn: Connection,
+    request_id: str,
+    job_id: int,
+    *,
+    error: str,
+    stranded: tuple[str, str | None] | None = None,
+) -> bool:
     """Ganeti no longer knows the create job ``job_id`` the request waits on: the request goes back
     to "placed" on its backend, unsubmitted, so that the dispatcher asks Ganeti for a job carrying
     its id or an instance carrying its tag before placing it again. False: it waits on that job no
-    more (its end came meanwhile)."""
+    more (its end came meanwhile).
+
+    ``stranded`` (backend, node): Ganeti lists the job "queued" but its scheduler will not run it
+    (luxid wrote it and never enqueued it; it runs when luxid restarts): an attempt error saying
+    so (``"stranded": True``) makes the dispatcher pass that job over when it asks Ganeti, and
+    place the request on that backend only (:func:`stranded_backend`), where Ganeti refuses a
+    second instance of its name should the stranded job ever run."""
     now = datetime.now(UTC)
     row = conn.execute(
-        select(requests_t.c.backend_id, requests_t.c.instance_uuid).where(
+        select(
+            requests_t.c.backend_id,
+            requests_t.c.instance_uuid,
+            requests_t.c.attempts,
+            requests_t.c.attempt_errors,
+        ).where(
             requests_t.c.id == request_id,
             requests_t.c.status == RequestStatus.SUBMITTED.value,
             requests_t.c.job_id == job_id,
@@ -332,7 +352,40 @@ def job_lost(conn: Connection, request_id: str, job_id: int, *, error: str) -> b
         )
         .values(create_job_id=None, task_job_id=None, updated_at=now)
     )
-    return _unsubmit(conn, request_id, now, error=error)
+    attempts = None
+    if stranded is not None:
+        backend, node = stranded
+        entry = {
+            "attempt": int(row.attempts or 0),
+            "backend": backend,
+            "node": node,
+            "job_id": job_id,
+            "error": error,
+            "at": now.isoformat(),
+            "stranded": True,
+        }
+        attempts = [*(row.attempt_errors or ()), entry]
+    return _unsubmit(conn, request_id, now, error=error, attempt_errors=attempts)
+
+
+def stranded_backend(attempt_errors: Sequence[Any] | None) -> str | None:
+    """The backend on which one of a request's creates was stranded (:func:`job_lost`), which it
+    is placed on from then on; None: none was."""
+    return next(
+        (e.get("backend") for e in attempt_errors or () if isinstance(e, dict) and e.get("stranded")), None
+    )
+
+
+def stranded_jobs(attempt_errors: Sequence[Any] | None, backend: str) -> set[int]:
+    """The ids of a request's create jobs stranded on ``backend`` (:func:`job_lost`): never its job."""
+    return {
+        int(e["job_id"])
+        for e in attempt_errors or ()
+        if isinstance(e, dict)
+        and e.get("stranded")
+        and e.get("backend") == backend
+        and e.get("job_id") is not None
+    }
 
 
 def unmark_moving(conn: Connection, request_id: str, job_id: int) -> bool:

@@ -138,11 +138,16 @@ class RequestMethods:
         request no longer waits on that job."""
         return await self._requests.mark_moving(request_id, job_id, backend=backend, node=node, why=why)
 
-    async def job_lost(self, request_id: str, job_id: int, *, error: str) -> bool:
+    async def job_lost(
+        self, request_id: str, job_id: int, *, error: str, stranded: tuple[str, str | None] | None = None
+    ) -> bool:
         """Ganeti no longer knows the create job ``job_id`` the request waits on (a backend restored
         from a backup): back to "placed", unsubmitted, with ``error`` saying so; the dispatcher
-        asks Ganeti for its job or instance before placing it again. False: its end came meanwhile."""
-        return await self._requests.job_lost(request_id, job_id, error=error)
+        asks Ganeti for its job or instance before placing it again. False: its end came meanwhile.
+        ``stranded`` (backend, node): Ganeti lists the job but will not run it (luxid never enqueued
+        it); the request is then placed on that backend only (``store.stranded_backend``) and
+        that job passed over (``store.stranded_jobs``)."""
+        return await self._requests.job_lost(request_id, job_id, error=error, stranded=stranded)
 
     async def unmark_moving(self, request_id: str, job_id: int) -> bool:
         """The cancel :meth:`mark_moving` announced did not go through (the job runs): take its
