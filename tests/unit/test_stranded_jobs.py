@@ -5,7 +5,9 @@ when Ganeti is asked about the request (the dispatcher's side: ``test_node_moves
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -75,6 +77,37 @@ def _quick_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_base, "NOT_ENQUEUED_PAUSE", 0.2)
 
 
+@contextlib.asynccontextmanager
+async def _held_then_newer(
+    db_url: str, *, filtered: bool = False
+) -> AsyncIterator[tuple[FakeGaneti, Store, ControlPlane, Dispatcher, str, int]]:
+    """A backend ``b`` (the client's timeout 1 s) whose first create is written but never enqueued
+    within the test, recorded by the dispatcher, and a newer create that runs and succeeds:
+    (fake, store, cp, dispatcher, the first request's id, its job's id). ``filtered``: a job
+    filter rule (one that matches nothing) on the backend first."""
+    async with fakes(1, op_times=QUICK) as (fake,):
+        settings = settings_for(db_url, [backend("b", fake, timeout=1.0)])
+        async with (
+            Store(db_url) as store,
+            ControlPlane(settings, store=store) as cp,
+            running(Dispatcher(settings, store=store, status_server=False)) as d,
+            RapiClient(fake.url, username=fake.username, password=fake.password) as rapi,
+        ):
+            if filtered:
+                await rapi.add_filter(
+                    predicates=[["reason", ["=", "TYPE", "no-such-reason"]]], action="ACCEPT"
+                )
+            fake.slow_submit(0.0, job_after=0.0, queued_for=3600.0, times=1)  # never enqueued within the test
+            first = await cp.request_instance(spec("held.example"))
+            await eventually(
+                lambda: len(d._job_requests) == 1, what="the first create found and recorded", timeout=30
+            )
+            (held,) = fake.cluster._held
+            second = await cp.request_instance(spec("later.example"))  # a newer job, which runs
+            assert (await finished(cp, second, timeout=30)).status is RequestStatus.SUCCEEDED
+            yield fake, store, cp, d, first, held
+
+
 async def test_a_create_left_queued_while_newer_jobs_run_is_found_stranded(
     db_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -84,66 +117,37 @@ async def test_a_create_left_queued_while_newer_jobs_run_is_found_stranded(
     in queue" minute after minute: stranded, and the request is made again on the same backend."""
     caplog.set_level(logging.INFO, logger="synnefo_ganeti")
     _quick_sweeps(monkeypatch)
-    async with fakes(1, op_times=QUICK) as (fake,):
-        settings = settings_for(db_url, [backend("b", fake, timeout=1.0)])
-        async with (
-            Store(db_url) as store,
-            ControlPlane(settings, store=store) as cp,
-            running(Dispatcher(settings, store=store, status_server=False)) as d,
-        ):
-            fake.slow_submit(0.0, job_after=0.0, queued_for=3600.0, times=1)  # never enqueued within the test
-            first = await cp.request_instance(spec("held.example"))
-            await eventually(
-                lambda: len(d._job_requests) == 1, what="the first create found and recorded", timeout=30
-            )
-            (stranded,) = fake.cluster._held
-            second = await cp.request_instance(spec("later.example"))  # a newer job, which runs
-            assert (await finished(cp, second, timeout=30)).status is RequestStatus.SUCCEEDED
-            done = await finished(cp, first, timeout=60)
-            assert done.status is RequestStatus.SUCCEEDED, done.error
-            (entry,) = [e for e in done.attempt_errors if e.get("stranded")]
-            assert entry["job_id"] == stranded and entry["backend"] == "b"
-            assert d.stats.stranded == 1 and d.stats.failed == 0
-            assert sorted(i.name for i in fake.cluster.instances.values()) == [
-                "held.example",
-                "later.example",
-            ]
-            assert (await fake_job_status(fake, stranded)) == "queued"  # Ganeti keeps it listed, unrun
-            assert any(
-                "stayed queued on b while newer jobs started" in r.getMessage() for r in caplog.records
-            )
+    async with _held_then_newer(db_url) as (fake, _store, cp, d, first, stranded):
+        done = await finished(cp, first, timeout=60)
+        assert done.status is RequestStatus.SUCCEEDED, done.error
+        (entry,) = [e for e in done.attempt_errors if e.get("stranded")]
+        assert entry["job_id"] == stranded and entry["backend"] == "b"
+        assert d.stats.stranded == 1 and d.stats.failed == 0
+        assert sorted(i.name for i in fake.cluster.instances.values()) == [
+            "held.example",
+            "later.example",
+        ]
+        assert (await fake_job_status(fake, stranded)) == "queued"  # Ganeti keeps it listed, unrun
+        assert any("stayed queued on b while newer jobs started" in r.getMessage() for r in caplog.records)
 
 
 async def test_no_stranded_probe_while_a_filter_rule_may_hold_creates(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
+    db_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A job filter rule may hold a create queued on purpose while newer jobs run: with any rule on the
     backend the sweep sends no probing cancel, and the request waits on its job."""
+    caplog.set_level(logging.INFO, logger="synnefo_ganeti")
     _quick_sweeps(monkeypatch)
-    async with fakes(1, op_times=QUICK) as (fake,):
-        settings = settings_for(db_url, [backend("b", fake, timeout=1.0)])
-        async with (
-            Store(db_url) as store,
-            ControlPlane(settings, store=store) as cp,
-            running(Dispatcher(settings, store=store, status_server=False)) as d,
-            RapiClient(fake.url, username=fake.username, password=fake.password) as rapi,
-        ):
-            await rapi.add_filter(predicates=[["reason", ["=", "TYPE", "no-such-reason"]]], action="ACCEPT")
-            fake.slow_submit(0.0, job_after=0.0, queued_for=3600.0, times=1)
-            first = await cp.request_instance(spec("held.example"))
-            await eventually(
-                lambda: len(d._job_requests) == 1, what="the first create found and recorded", timeout=30
-            )
-            second = await cp.request_instance(spec("later.example"))
-            assert (await finished(cp, second, timeout=30)).status is RequestStatus.SUCCEEDED
-            # two of the sweep's looks at the job list after the newer job ended
-            looked = d._lost_checked.get("b", 0.0)
-            await eventually(lambda: d._lost_checked.get("b", 0.0) > looked, what="a look at the job list")
-            looked = d._lost_checked["b"]
-            await eventually(lambda: d._lost_checked["b"] > looked, what="another look at the job list")
-            assert d.stats.stranded == 0 and d.stats.moved == 0
-            waiting = await store.get_request(first)
-            assert waiting is not None and waiting.status is RequestStatus.SUBMITTED
+    async with _held_then_newer(db_url, filtered=True) as (_fake, store, _cp, d, first, _held):
+        # two of the sweep's looks at the job list after the newer job ended
+        looked = d._lost_checked.get("b", 0.0)
+        await eventually(lambda: d._lost_checked.get("b", 0.0) > looked, what="a look at the job list")
+        looked = d._lost_checked["b"]
+        await eventually(lambda: d._lost_checked["b"] > looked, what="another look at the job list")
+        assert d.stats.stranded == 0 and d.stats.moved == 0 and not d._moving_tasks
+        assert not any("stayed queued" in r.getMessage() for r in caplog.records)
+        waiting = await store.get_request(first)
+        assert waiting is not None and waiting.status is RequestStatus.SUBMITTED
 
 
 async def fake_job_status(fake: FakeGaneti, job_id: int) -> str:
