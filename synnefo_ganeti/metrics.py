@@ -39,6 +39,7 @@ __all__ = [
     "STORE_PENDING",
     "STORE_VERSIONS",
     "STORE_WRITE_RETRIES",
+    "STRANDED_JOBS",
     "SUBMISSIONS",
     "WATCH_BAD_FILES",
     "WATCH_LAG",
@@ -131,6 +132,13 @@ RESERVATIONS_RECLAIMED = Counter(
     "synnefo_ganeti_reservations_reclaimed",
     "Reservations of submitted creates given back because their request ended (or went elsewhere) "
     "without the dispatcher seeing the job's end (a job the backend lost)",
+    registry=REGISTRY,
+)
+STRANDED_JOBS = Counter(
+    "synnefo_ganeti_stranded_jobs",
+    "Create jobs Ganeti listed queued but never enqueued (they run only when ganeti-luxid restarts); "
+    "each request placed again on its backend. One in Ganeti's queue asks an operator to look",
+    ["backend"],
     registry=REGISTRY,
 )
 REQUESTS_PENDING = Gauge(

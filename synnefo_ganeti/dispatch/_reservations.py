@@ -187,6 +187,7 @@ class ReservationSweep(Recovery):
         if not await self.store.job_lost(request_id, job_id, error=error, stranded=(backend, node)):
             return False
         self.stats.stranded += 1
+        metrics.STRANDED_JOBS.labels(backend).inc()
         if self._give_back((backend, job_id)):
             metrics.RESERVATIONS_RECLAIMED.inc()
             self._wake.set()

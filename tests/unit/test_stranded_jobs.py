@@ -13,6 +13,7 @@ import pytest
 
 from synnefo_ganeti import ControlPlane, RapiClient
 from synnefo_ganeti.dispatch import Dispatcher, _base, _reservations
+from synnefo_ganeti.metrics import STRANDED_JOBS
 from synnefo_ganeti.store import RequestStatus, Store, stranded_backend, stranded_jobs
 from synnefo_ganeti.testing import FakeGaneti
 from tests._fault_runs import QUICK
@@ -117,12 +118,14 @@ async def test_a_create_left_queued_while_newer_jobs_run_is_found_stranded(
     in queue" minute after minute: stranded, and the request is made again on the same backend."""
     caplog.set_level(logging.INFO, logger="synnefo_ganeti")
     _quick_sweeps(monkeypatch)
+    before = STRANDED_JOBS.labels("b")._value.get()
     async with _held_then_newer(db_url) as (fake, _store, cp, d, first, stranded):
         done = await finished(cp, first, timeout=60)
         assert done.status is RequestStatus.SUCCEEDED, done.error
         (entry,) = [e for e in done.attempt_errors if e.get("stranded")]
         assert entry["job_id"] == stranded and entry["backend"] == "b"
         assert d.stats.stranded == 1 and d.stats.failed == 0
+        assert STRANDED_JOBS.labels("b")._value.get() == before + 1
         assert sorted(i.name for i in fake.cluster.instances.values()) == [
             "held.example",
             "later.example",
