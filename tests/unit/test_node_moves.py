@@ -122,12 +122,12 @@ async def test_a_create_listed_before_ganeti_enqueued_it_is_canceled_once_enqueu
     its job in the job list ("submitted after all"), and the move's cancel a moment later answered
     "Job N not found in queue": luxid had written the job but was still writing it to the dead
     master candidate before enqueueing it. Such a cancel is sent again until Ganeti enqueues the
-    job, which is then dequeued and placed elsewhere; before, it was left "to end on its own" (a
-    CI run waited 240 s for such a request). The fake holds each create written but not enqueued
-    for 6 s (``slow_submit(queued_for=...)``), longer than the client's 1 s timeout."""
+    job, which is then dequeued and placed elsewhere; before, it was left "to end on its own", and
+    ran on the dead node. The fake holds each create written but not enqueued for 10 s
+    (``slow_submit(queued_for=...)``), longer than the client's 1 s timeout."""
     caplog.set_level(logging.INFO, logger="synnefo_ganeti")
     async with _paused(db_url, timeout=1.0) as (fake, rapi, rule, cp, d):
-        fake.slow_submit(0.0, job_after=0.0, queued_for=6.0)
+        fake.slow_submit(0.0, job_after=0.0, queued_for=10.0)
         ids = [await cp.request_instance(spec(f"held{i}.example")) for i in range(3)]
         await eventually(
             lambda: len(d._job_requests) == 3, what="three creates found and recorded", timeout=30
