@@ -233,18 +233,20 @@ async def test_cancel() -> None:
     ended job, an unknown one) is "not found in queue", as the lab answered for an ended job."""
     async with FakeGaneti(nodes=1, op_times=QUICK | {"OP_INSTANCE_CREATE": 0.3}, max_running_jobs=1) as fake:
         async with client(fake) as rapi:
-            first, second = await rapi.create_instances([spec("a"), spec("b")])
-            assert await rapi.cancel_job(second) == (True, f"Dequeued job {second}")  # type: ignore[arg-type]
-            assert (await rapi.wait_for_job(second)).status is JobStatus.CANCELED  # type: ignore[arg-type]
+            # one after the other: the first runs (max_running_jobs 1), the second waits in the queue
+            first = await rapi.create_instance(spec("a"))
+            second = await rapi.create_instance(spec("b"))
+            assert await rapi.cancel_job(second) == (True, f"Dequeued job {second}")
+            assert (await rapi.wait_for_job(second)).status is JobStatus.CANCELED
 
             async def first_running() -> bool:
-                return (await rapi.get_job(first)).status is JobStatus.RUNNING  # type: ignore[arg-type]
+                return (await rapi.get_job(first)).status is JobStatus.RUNNING
 
             await eventually(first_running, what="the first create running")
-            running = await rapi.cancel_job(first)  # type: ignore[arg-type]
+            running = await rapi.cancel_job(first)
             assert running == (False, "Job no longer waiting, can't cancel (informed it anyway)")
-            assert (await rapi.wait_for_job(first)).status is JobStatus.SUCCESS  # type: ignore[arg-type]
-            late = await rapi.cancel_job(first)  # type: ignore[arg-type]
+            assert (await rapi.wait_for_job(first)).status is JobStatus.SUCCESS
+            late = await rapi.cancel_job(first)
             assert late == (False, f"Job {first} not found in queue") and late.not_in_queue
             assert (await rapi.cancel_job(4242)).message == "Job 4242 not found in queue"
         assert "b" not in fake.cluster.instances
