@@ -63,7 +63,7 @@ class NodeMoves(BackendWiring):
         self._start_move(
             change.backend,
             change.node,
-            change.detail or change.state or "down",
+            _left_placement(change.backend, change.node, change.detail or change.state or "down"),
             None,
             f"move off {change.backend}/{change.node}",
         )
@@ -81,15 +81,13 @@ class NodeMoves(BackendWiring):
         self._start_move(
             backend,
             left.node,
-            left.detail or left.state,
+            _left_placement(backend, left.node, left.detail or left.state),
             job_id,
             f"move {backend} job {job_id} off {left.node}",
         )
 
-    def _start_move(
-        self, backend: str, node: str, why: str, only: int | None, name: str, *, reason: str | None = None
-    ) -> None:
-        task = asyncio.create_task(self._move_off(backend, node, why, only=only, reason=reason), name=name)
+    def _start_move(self, backend: str, node: str, reason: str, only: int | None, name: str) -> None:
+        task = asyncio.create_task(self._move_off(backend, node, reason, only=only), name=name)
         self._moving_tasks.add(task)
         task.add_done_callback(self._moving_done)
 
@@ -129,21 +127,19 @@ class NodeMoves(BackendWiring):
         reservation = self._jobs.get((backend, job_id))
         if not self._claiming or reservation is None:
             return
-        node = reservation.node or "(Ganeti's choice)"
+        if (backend, job_id) in self._moves_under_way:
+            return  # asked already
         reason = (
             f"job {job_id} stayed queued on {backend} while newer jobs started; asked whether Ganeti holds it"
         )
-        if (backend, job_id) in self._moves_under_way:
-            return  # asked already
         log.warning("%s (its cancel tells)", reason)
-        self._start_move(backend, node, reason, job_id, f"probe {backend} job {job_id}", reason=reason)
+        node = reservation.node or "(Ganeti's choice)"
+        self._start_move(backend, node, reason, job_id, f"probe {backend} job {job_id}")
 
-    async def _move_off(
-        self, backend: str, node: str, why: str, *, only: int | None = None, reason: str | None = None
-    ) -> int:
+    async def _move_off(self, backend: str, node: str, reason: str, *, only: int | None = None) -> int:
         """Cancel the creates this dispatcher submitted on ``node`` (``only``: that job, wherever it
-        is) that Ganeti has not started; returns how many it canceled. ``reason``: what the request
-        is told (default: that ``node`` left placement, and ``why``)."""
+        is) that Ganeti has not started; returns how many it canceled. ``reason``: what each
+        request is told."""
         placed = [
             (job_id, self._job_requests.get((name, job_id)))
             for (name, job_id), reservation in list(self._jobs.items())
@@ -159,7 +155,7 @@ class NodeMoves(BackendWiring):
                 continue  # (moved already, or being moved: by its node's move or its late answer's)
             self._moves_under_way.add(key)
             try:
-                moved += await self._move_one(client, backend, node, job_id, request_id, why, reason)
+                moved += await self._move_one(client, backend, node, job_id, request_id, reason)
             finally:
                 self._moves_under_way.discard(key)
         if moved:
@@ -167,17 +163,9 @@ class NodeMoves(BackendWiring):
         return moved
 
     async def _move_one(
-        self,
-        client: RapiClient,
-        backend: str,
-        node: str,
-        job_id: int,
-        request_id: str,
-        why: str,
-        reason: str | None = None,
+        self, client: RapiClient, backend: str, node: str, job_id: int, request_id: str, reason: str
     ) -> int:
         """Cancel one create queued on ``node``, noted on its request first; 1 if Ganeti canceled it."""
-        reason = reason or f"node {node} of {backend} left placement ({why})"
         try:
             # first the note, then the cancel: the canceled job's end may be stored at once
             if not await self._note_moving(request_id, job_id, backend, node, reason):
@@ -215,3 +203,8 @@ class NodeMoves(BackendWiring):
             return 0
         log.warning("request %s: job %d canceled while queued on %s; placed again", request_id, job_id, node)
         return 1
+
+
+def _left_placement(backend: str, node: str, why: str) -> str:
+    """What a request whose create is moved off ``node`` is told."""
+    return f"node {node} of {backend} left placement ({why})"

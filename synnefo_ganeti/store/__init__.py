@@ -45,14 +45,13 @@ from synnefo_ganeti.store.operations._status import (
     ReconcileRecord,
     StatusStore,
 )
+from synnefo_ganeti.store.requests._lost import stranded_backend, stranded_jobs
 from synnefo_ganeti.store.requests._requests import Request, RequestStatus, new_request_id, request_tag
 from synnefo_ganeti.store.requests._settle import (
     is_backend_error,
     is_capacity_error,
     is_job_death_error,
     is_name_taken_error,
-    stranded_backend,
-    stranded_jobs,
 )
 
 __all__ = [

@@ -30,7 +30,7 @@ from synnefo_ganeti.store.instances._instances import (
     instances_t,
 )
 from synnefo_ganeti.store.instances._outcomes import task_of
-from synnefo_ganeti.store.requests import _claims, _requests, _settle
+from synnefo_ganeti.store.requests import _claims, _lost, _requests, _settle
 from synnefo_ganeti.store.requests._names import UniqueNames, check_name_free
 from synnefo_ganeti.store.requests._requests import Request, RequestStatus
 from synnefo_ganeti.store.requests._requests_batch import (
@@ -311,7 +311,7 @@ class Requests:
         self, request_id: str, job_id: int, *, error: str, stranded: tuple[str, str | None] | None = None
     ) -> bool:
         return await self.writer.call(
-            lambda conn: _settle.job_lost(conn, request_id, job_id, error=error, stranded=stranded)
+            lambda conn: _lost.job_lost(conn, request_id, job_id, error=error, stranded=stranded)
         )
 
     async def unmark_moving(self, request_id: str, job_id: int) -> bool:

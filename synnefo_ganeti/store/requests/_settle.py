@@ -11,7 +11,7 @@ it failed (it knows the setting; this transaction may run in any process).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +25,6 @@ from synnefo_ganeti.store.instances._node_errors import is_node_error, named_nod
 from synnefo_ganeti.store.requests._requests import (
     RequestStatus,
     backends_t,
-    instance_jobs_t,
     instances_t,
     requests_t,
 )
@@ -42,8 +41,7 @@ __all__ = [
     "settle_by_instance",
     "settle_job",
     "settle_requests",
-    "stranded_backend",
-    "stranded_jobs",
+    "unsubmit",
 ]
 
 
@@ -134,7 +132,7 @@ def settle_requests(
             # after an answer was lost; the request's outcome is then the first job's) or
             # someone else's instance. Placed again on this backend, unsubmitted: the
             # dispatcher asks Ganeti which (the jobs carrying its id, the instance's tags).
-            _unsubmit(
+            unsubmit(
                 conn,
                 row.id,
                 now,
@@ -148,7 +146,7 @@ def settle_requests(
             # asks Ganeti (an instance carrying the request's tag settles it; none: sent again).
             if not backend:
                 backend.append(conn.execute(_BACKEND_NAME, {"b_backend": backend_id}).scalar_one())
-            _unsubmit(
+            unsubmit(
                 conn,
                 row.id,
                 now,
@@ -159,7 +157,7 @@ def settle_requests(
         if kind == MOVED:
             # canceled by the dispatcher while still queued on a node that went down: Ganeti
             # made nothing, and the request goes back to be placed elsewhere
-            _unsubmit(
+            unsubmit(
                 conn,
                 row.id,
                 now,
@@ -185,7 +183,7 @@ def settle_requests(
                 why = f"failed on node {node}"
             else:
                 why = "found no room" if is_capacity_error(error) else "was refused by its backend"
-            _unsubmit(
+            unsubmit(
                 conn,
                 row.id,
                 now,
@@ -222,7 +220,7 @@ def _cancel_deleted(conn: Connection, row: Any, now: datetime, error: str) -> No
         )
 
 
-def _unsubmit(
+def unsubmit(
     conn: Connection,
     request_id: str,
     now: datetime,
@@ -299,93 +297,6 @@ def mark_moving(conn: Connection, request_id: str, job_id: int, *, backend: str,
         .values(attempt_errors=[*(row.attempt_errors or ()), entry], updated_at=now)
     )
     return True
-
-
-def job_lost(
-    conn: Connection,
-    request_id: str,
-    job_id: int,
-    *,
-    error: str,
-    stranded: tuple[str, str | None] | None = None,
-) -> bool:
-    """Ganeti no longer knows the create job ``job_id`` the request waits on: the request goes back
-    to "placed" on its backend, unsubmitted, so that the dispatcher asks Ganeti for a job carrying
-    its id or an instance carrying its tag before placing it again. False: it waits on that job no
-    more (its end came meanwhile).
-
-    ``stranded`` (backend, node): Ganeti lists the job "queued" but its scheduler will not run it
-    (luxid wrote it and never enqueued it; it runs when luxid restarts): an attempt error saying
-    so (``"stranded": True``) makes the dispatcher pass that job over when it asks Ganeti, and
-    place the request on that backend only (:func:`stranded_backend`), where Ganeti refuses a
-    second instance of its name should the stranded job ever run."""
-    now = datetime.now(UTC)
-    row = conn.execute(
-        select(
-            requests_t.c.backend_id,
-            requests_t.c.instance_uuid,
-            requests_t.c.attempts,
-            requests_t.c.attempt_errors,
-        ).where(
-            requests_t.c.id == request_id,
-            requests_t.c.status == RequestStatus.SUBMITTED.value,
-            requests_t.c.job_id == job_id,
-        )
-    ).first()
-    if row is None:
-        return False
-    # the job is no more: forget it against the instance (a restored cluster may give its id to
-    # another job), and the BUILD row goes back to "not sent", to be found in Ganeti or dropped
-    conn.execute(
-        delete(instance_jobs_t).where(
-            instance_jobs_t.c.backend_id == row.backend_id,
-            instance_jobs_t.c.job_id == job_id,
-            instance_jobs_t.c.applied_at.is_(None),
-        )
-    )
-    conn.execute(
-        update(instances_t)
-        .where(
-            instances_t.c.uuid == row.instance_uuid,
-            instances_t.c.status == "BUILD",
-            instances_t.c.create_job_id == job_id,
-        )
-        .values(create_job_id=None, task_job_id=None, updated_at=now)
-    )
-    attempts = None
-    if stranded is not None:
-        backend, node = stranded
-        entry = {
-            "attempt": int(row.attempts or 0),
-            "backend": backend,
-            "node": node,
-            "job_id": job_id,
-            "error": error,
-            "at": now.isoformat(),
-            "stranded": True,
-        }
-        attempts = [*(row.attempt_errors or ()), entry]
-    return _unsubmit(conn, request_id, now, error=error, attempt_errors=attempts)
-
-
-def stranded_backend(attempt_errors: Sequence[Any] | None) -> str | None:
-    """The backend on which one of a request's creates was stranded (:func:`job_lost`), which it
-    is placed on from then on; None: none was."""
-    return next(
-        (e.get("backend") for e in attempt_errors or () if isinstance(e, dict) and e.get("stranded")), None
-    )
-
-
-def stranded_jobs(attempt_errors: Sequence[Any] | None, backend: str) -> set[int]:
-    """The ids of a request's create jobs stranded on ``backend`` (:func:`job_lost`): never its job."""
-    return {
-        int(e["job_id"])
-        for e in attempt_errors or ()
-        if isinstance(e, dict)
-        and e.get("stranded")
-        and e.get("backend") == backend
-        and e.get("job_id") is not None
-    }
 
 
 def unmark_moving(conn: Connection, request_id: str, job_id: int) -> bool:
