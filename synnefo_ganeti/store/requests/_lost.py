@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, select, update
 
-from synnefo_ganeti.store.requests._requests import RequestStatus, instance_jobs_t, instances_t, requests_t
-from synnefo_ganeti.store.requests._settle import unsubmit
+from synnefo_ganeti.store.requests._requests import instance_jobs_t, instances_t, requests_t
+from synnefo_ganeti.store.requests._settle import marked_attempt, unsubmit, waits_on
 
 __all__ = ["job_lost", "stranded_backend", "stranded_jobs"]
 
@@ -40,11 +40,7 @@ def job_lost(
             requests_t.c.instance_uuid,
             requests_t.c.attempts,
             requests_t.c.attempt_errors,
-        ).where(
-            requests_t.c.id == request_id,
-            requests_t.c.status == RequestStatus.SUBMITTED.value,
-            requests_t.c.job_id == job_id,
-        )
+        ).where(*waits_on(request_id, job_id))
     ).first()
     if row is None:
         return False
@@ -69,16 +65,10 @@ def job_lost(
     attempts = None
     if stranded is not None:
         backend, node = stranded
-        entry = {
-            "attempt": int(row.attempts or 0),
-            "backend": backend,
-            "node": node,
-            "job_id": job_id,
-            "error": error,
-            "at": now.isoformat(),
-            "stranded": True,
-        }
-        attempts = [*(row.attempt_errors or ()), entry]
+        attempts = [
+            *(row.attempt_errors or ()),
+            marked_attempt(row, backend, node, job_id, error, now, "stranded"),
+        ]
     return unsubmit(conn, request_id, now, error=error, attempt_errors=attempts)
 
 

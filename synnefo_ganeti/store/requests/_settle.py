@@ -37,11 +37,13 @@ __all__ = [
     "is_capacity_error",
     "is_job_death_error",
     "is_name_taken_error",
+    "marked_attempt",
     "requests_placed_again",
     "settle_by_instance",
     "settle_job",
     "settle_requests",
     "unsubmit",
+    "waits_on",
 ]
 
 
@@ -269,28 +271,41 @@ def _moving(row: Any) -> str | None:
     return None
 
 
-def mark_moving(conn: Connection, request_id: str, job_id: int, *, backend: str, node: str, why: str) -> bool:
-    """The attempt error that tells :func:`settle_requests` the canceled ``job_id`` is to be placed
-    again (``"moved": True``); False when the request no longer waits on that job."""
-    row = conn.execute(
-        select(requests_t.c.attempts, requests_t.c.attempt_errors).where(
-            requests_t.c.id == request_id,
-            requests_t.c.status == RequestStatus.SUBMITTED.value,
-            requests_t.c.job_id == job_id,
-        )
-    ).first()
-    if row is None:
-        return False
-    now = datetime.now(UTC)
-    entry = {
+def waits_on(request_id: str, job_id: int) -> tuple[Any, ...]:
+    """The conditions of a request still submitted and waiting on ``job_id``."""
+    return (
+        requests_t.c.id == request_id,
+        requests_t.c.status == RequestStatus.SUBMITTED.value,
+        requests_t.c.job_id == job_id,
+    )
+
+
+def marked_attempt(
+    row: Any, backend: str, node: str | None, job_id: int, error: str, now: datetime, mark: str
+) -> dict[str, Any]:
+    """An attempt error the dispatcher writes about ``job_id`` itself (``mark``: ``"moved"``, or
+    ``"stranded"``), ``row`` the request's ``attempts``."""
+    return {
         "attempt": int(row.attempts or 0),
         "backend": backend,
         "node": node,
         "job_id": job_id,
-        "error": why,
+        "error": error,
         "at": now.isoformat(),
-        "moved": True,
+        mark: True,
     }
+
+
+def mark_moving(conn: Connection, request_id: str, job_id: int, *, backend: str, node: str, why: str) -> bool:
+    """The attempt error that tells :func:`settle_requests` the canceled ``job_id`` is to be placed
+    again (``"moved": True``); False when the request no longer waits on that job."""
+    row = conn.execute(
+        select(requests_t.c.attempts, requests_t.c.attempt_errors).where(*waits_on(request_id, job_id))
+    ).first()
+    if row is None:
+        return False
+    now = datetime.now(UTC)
+    entry = marked_attempt(row, backend, node, job_id, why, now, "moved")
     conn.execute(
         update(requests_t)
         .where(requests_t.c.id == request_id)
